@@ -1,0 +1,1 @@
+"""gRPC plumbing shared by every service: servers, channels, safe calls, contained handlers."""

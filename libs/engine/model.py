@@ -1,0 +1,131 @@
+"""Llama weights as plain tensors plus the per-layer math (RMSNorm, RoPE, SwiGLU).
+
+q/k/v are fused into one ``wqkv`` matrix and gate/up into ``w_gate_up`` so that a layer does
+three big matmuls instead of six small ones; on CPU that is most of decode's time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+
+@dataclass
+class LayerWeights:
+    attn_norm: torch.Tensor  # [dim]
+    wqkv: torch.Tensor  # [q_dim + 2 * kv_dim, dim]
+    wo: torch.Tensor  # [dim, q_dim]
+    ffn_norm: torch.Tensor  # [dim]
+    w_gate_up: torch.Tensor  # [2 * ffn_dim, dim]
+    w_down: torch.Tensor  # [dim, ffn_dim]
+
+
+@dataclass
+class Weights:
+    embed: torch.Tensor  # [vocab, dim]
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [dim]
+    lm_head: torch.Tensor  # [vocab, dim]; the same tensor as embed when tied
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Weights:
+        def mv(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device=device, dtype=dtype).contiguous()
+
+        embed = mv(self.embed)
+        lm_head = embed if self.lm_head is self.embed else mv(self.lm_head)
+        layers = [LayerWeights(*(mv(t) for t in vars(lw).values())) for lw in self.layers]
+        return Weights(embed=embed, layers=layers, norm=mv(self.norm), lm_head=lm_head)
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.dtype
+
+
+def from_separate(
+    config: ModelConfig,
+    embed: torch.Tensor,
+    norm: torch.Tensor,
+    lm_head: torch.Tensor | None,
+    layers: list[dict[str, torch.Tensor]],
+) -> Weights:
+    """Build Weights from HF-named per-layer projections (q, k, v, o, gate, up, down, norms)."""
+    fused = [
+        LayerWeights(
+            attn_norm=lw["input_layernorm"],
+            wqkv=torch.cat([lw["q_proj"], lw["k_proj"], lw["v_proj"]], 0),
+            wo=lw["o_proj"],
+            ffn_norm=lw["post_attention_layernorm"],
+            w_gate_up=torch.cat([lw["gate_proj"], lw["up_proj"]], 0),
+            w_down=lw["down_proj"],
+        )
+        for lw in layers
+    ]
+    head = embed if (lm_head is None or config.tie_embeddings) else lm_head
+    return Weights(embed=embed, layers=fused, norm=norm, lm_head=head)
+
+
+def random_weights(config: ModelConfig, seed: int = 0) -> Weights:
+    """Seeded weights drawn on CPU, so the same seed gives the same bits on any machine.
+
+    The embedding has unit scale so that (tied) logits are peaked: greedy decoding of a random
+    model then has few near-ties, which keeps cross-device comparisons meaningful.
+    """
+    g = torch.Generator().manual_seed(seed)
+
+    def lin(out_f: int, in_f: int) -> torch.Tensor:
+        return torch.randn(out_f, in_f, generator=g) / in_f**0.5
+
+    c = config
+    layers = [
+        LayerWeights(
+            attn_norm=torch.ones(c.dim),
+            wqkv=lin(c.q_dim + 2 * c.kv_dim, c.dim),
+            wo=lin(c.dim, c.q_dim),
+            ffn_norm=torch.ones(c.dim),
+            w_gate_up=lin(2 * c.ffn_dim, c.dim),
+            w_down=lin(c.dim, c.ffn_dim),
+        )
+        for _ in range(c.n_layers)
+    ]
+    embed = torch.randn(c.vocab_size, c.dim, generator=g)
+    lm_head = embed if c.tie_embeddings else lin(c.vocab_size, c.dim)
+    return Weights(embed=embed, layers=layers, norm=torch.ones(c.dim), lm_head=lm_head)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF Llama RMSNorm: normalise in fp32, scale in the model dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def rope_tables(
+    config: ModelConfig, device: torch.device | str, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin for every position, [max_position, head_dim], HF's rotate_half layout."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    t = torch.arange(config.max_position, dtype=torch.float32)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat([freqs, freqs], -1)
+    return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [..., heads, head_dim]; cos/sin broadcast over heads."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+def swiglu_mlp(x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
+    gate, up = F.linear(x, lw.w_gate_up).chunk(2, -1)
+    return F.linear(F.silu(gate) * up, lw.w_down)

@@ -1,0 +1,35 @@
+"""Calls that stay correct under anyio cancellation.
+
+Field guide trap 1: `with anyio.move_on_after(t): await stub.Unary(req)` lets a
+bare CancelledError escape and kill the enclosing task, because grpc replaces
+anyio's cancellation with one that anyio does not recognise. The working
+pattern: start the call, wait on an anyio.Event set by the call's done
+callback, cancel the call if that wait is interrupted, then read the result.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import grpc
+
+from libs.rpc.options import CLIENT_OPTIONS
+
+
+def open_channel(address: str) -> grpc.aio.Channel:
+    """An insecure channel with pdmesh's keepalives; create it inside the running loop."""
+    return grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+
+
+async def unary(method: Any, request: Any, *, timeout: float, metadata=None) -> Any:
+    """Call a unary-unary method; anyio cancellation cancels the RPC cleanly."""
+    call = method(request, timeout=timeout, metadata=metadata)
+    done = anyio.Event()
+    call.add_done_callback(lambda _call: done.set())
+    try:
+        await done.wait()
+    except BaseException:
+        call.cancel()
+        raise
+    return await call

@@ -1,0 +1,151 @@
+"""A member's side of the bootstrap: register, keep the lease alive, watch the mesh.
+
+Every prefill, decode and router runs one of these inside its main task group.
+The live member table is rebuilt from the Watch stream; listeners hear about
+joins and departures so that, for example, a departed peer's NIXL agent is
+dropped at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import anyio
+import grpc
+
+from libs.rpc.calls import open_channel, unary
+from pdmesh.v1 import bootstrap_pb2 as bpb
+from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
+from pdmesh.v1 import common_pb2 as cpb
+
+log = logging.getLogger(__name__)
+
+JoinListener = Callable[[bpb.Member], None]
+LeaveListener = Callable[[bpb.Member, str], None]
+
+
+@dataclass
+class Membership:
+    """Register `me` with the bootstrap at `address`, then keep it registered."""
+
+    address: str
+    me: bpb.Member | None = None
+    on_join: list[JoinListener] = field(default_factory=list)
+    on_leave: list[LeaveListener] = field(default_factory=list)
+    members: dict[str, bpb.Member] = field(default_factory=dict)
+    epoch: int = 0
+    lease_seconds: float = 5.0
+    synced: anyio.Event = field(default_factory=anyio.Event)
+    registered: anyio.Event = field(default_factory=anyio.Event)
+    connected: bool = False
+
+    def peers(self, role: int) -> list[bpb.Member]:
+        return [m for m in self.members.values() if m.role == role]
+
+    def ref(self) -> cpb.PeerRef:
+        assert self.me is not None
+        return cpb.PeerRef(name=self.me.name, epoch=self.epoch)
+
+    async def run(self) -> None:
+        """Run forever; reconnects with backoff when the bootstrap goes away."""
+        channel = open_channel(self.address)
+        stub = bgrpc.BootstrapStub(channel)
+        try:
+            backoff = 0.1
+            while True:
+                try:
+                    await self._session(stub)
+                except* grpc.aio.AioRpcError as group:
+                    codes = {e.code().name for e in group.exceptions}
+                    log.warning("bootstrap %s: %s; retrying", self.address, ", ".join(codes))
+                self.connected = False
+                await anyio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+        finally:
+            with anyio.move_on_after(1.0, shield=True):
+                await self._deregister(stub)
+                await channel.close()
+
+    async def _session(self, stub: bgrpc.BootstrapStub) -> None:
+        if self.me is not None:
+            reply = await unary(stub.Register, bpb.RegisterRequest(member=self.me), timeout=5.0)
+            self.epoch = reply.epoch
+            self.me.epoch = reply.epoch
+            self.lease_seconds = reply.lease_ms / 1000
+            log.info("registered %s epoch %d", self.me.name, self.epoch)
+            self.registered.set()
+        self.connected = True
+        async with anyio.create_task_group() as tg:
+            if self.me is not None:
+                tg.start_soon(self._keep_alive, stub)
+            await self._watch(stub)
+            tg.cancel_scope.cancel()
+
+    async def _keep_alive(self, stub: bgrpc.BootstrapStub) -> None:
+        while True:
+            await anyio.sleep(self.lease_seconds / 4)
+            await unary(
+                stub.KeepAlive,
+                bpb.KeepAliveRequest(member=self.ref()),
+                timeout=max(0.5, self.lease_seconds / 2),
+            )
+
+    async def _watch(self, stub: bgrpc.BootstrapStub) -> None:
+        call = stub.Watch(bpb.WatchRequest())
+        try:
+            async for event in call:
+                self._apply(event)
+        finally:
+            call.cancel()
+
+    def _apply(self, event: bpb.MembershipEvent) -> None:
+        if event.kind == bpb.MembershipEvent.SNAPSHOT:
+            fresh = {m.name: m for m in event.members}
+            for name, old in list(self.members.items()):
+                if name not in fresh or fresh[name].epoch != old.epoch:
+                    del self.members[name]
+                    self._left(old, "missing from snapshot")
+            for member in fresh.values():
+                if member.name not in self.members:
+                    self._joined(member)
+            self.synced.set()
+        elif event.kind == bpb.MembershipEvent.JOINED:
+            for member in event.members:
+                old = self.members.get(member.name)
+                if old is not None and old.epoch != member.epoch:
+                    self._left(old, "replaced by a new epoch")
+                self._joined(member)
+        elif event.kind == bpb.MembershipEvent.LEFT:
+            for member in event.members:
+                old = self.members.get(member.name)
+                if old is not None and old.epoch == member.epoch:
+                    del self.members[member.name]
+                    self._left(old, event.reason)
+
+    def _joined(self, member: bpb.Member) -> None:
+        self.members[member.name] = member
+        for listener in self.on_join:
+            _contained(listener, member)
+
+    def _left(self, member: bpb.Member, reason: str) -> None:
+        log.info("member %s epoch %d left: %s", member.name, member.epoch, reason)
+        for listener in self.on_leave:
+            _contained(listener, member, reason)
+
+    async def _deregister(self, stub: bgrpc.BootstrapStub) -> None:
+        if self.me is None or not self.epoch:
+            return
+        try:
+            await unary(stub.Deregister, bpb.DeregisterRequest(member=self.ref()), timeout=0.5)
+        except grpc.aio.AioRpcError:
+            pass
+
+
+def _contained(listener: Callable, *args) -> None:
+    """A listener's bug must not kill the watch loop."""
+    try:
+        listener(*args)
+    except Exception:
+        log.exception("membership listener failed")

@@ -1,0 +1,46 @@
+"""Process entry for a service: uvloop, logging, and a clean stop on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+log = logging.getLogger(__name__)
+
+
+def setup_logging(service: str) -> None:
+    level = os.environ.get("PDMESH_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(
+        level=level,
+        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
+    )
+
+
+async def _until_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("received %s: shutting down", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+def run_service(service: str, main: Callable[[], Awaitable[None]]) -> int:
+    """Run `main` on a uvloop event loop until it returns or a stop signal arrives.
+
+    `main` owns the service's whole task tree; a signal cancels it, and its own
+    finally blocks release what it holds (deregister, stop the server).
+    """
+    setup_logging(service)
+
+    async def root() -> None:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_until_signal, tg.cancel_scope)
+            await main()
+            tg.cancel_scope.cancel()
+
+    anyio.run(root, backend="asyncio", backend_options={"use_uvloop": True})
+    return 0

@@ -1,0 +1,188 @@
+"""KvAgent: one NIXL agent per prefill/decode process, owning the registered KV pool.
+
+Threading: NIXL agents are not thread-safe in the mode we create them (no listener thread,
+``NIXL_THREAD_SYNC_NONE``). Exactly one owner calls into a KvAgent: the process's event
+loop thread. Every method here is synchronous and fast (no blocking waits); completion is
+polled by :func:`libs.transfer.wait.wait` with short sleeps, so the loop never blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from nixl import _bindings
+from nixl._api import nixl_agent, nixl_agent_config, nixl_xfer_handle
+
+from libs.transfer.errors import LayoutMismatch, PeerExists, TransferFailed, UnknownPeer
+from libs.transfer.layout import PoolLayout, check_pages, coalesce, descriptors
+
+log = logging.getLogger(__name__)
+
+# NIXL's bindings raise one exception class per status code, with no common base.
+NIXL_ERRORS: tuple[type[Exception], ...] = tuple(
+    getattr(_bindings, n) for n in dir(_bindings) if n.startswith("nixl") and n.endswith("Error")
+)
+
+
+class Transfer:
+    """Handle of one posted WRITE. Terminal poll results are cached: NIXL is not asked twice."""
+
+    def __init__(self, handle: nixl_xfer_handle, agent: nixl_agent, first: str, size: int,
+                 descs: int) -> None:
+        self._handle = handle
+        self._agent = agent
+        self._state = first
+        self.bytes = size
+        self.descriptors = descs
+        self.released = False
+
+    def poll(self) -> str:
+        """``"PROC"``, ``"DONE"`` or ``"ERR"``."""
+        if self._state == "PROC" and not self.released:
+            self._state = self._agent.check_xfer_state(self._handle)
+        return self._state
+
+    def release(self) -> bool:
+        """Free the handle; True once released.
+
+        On a transfer still in flight NIXL tries to cancel and may refuse: then this returns
+        False and the caller must keep the destination pages fenced (quarantined).
+        """
+        if self.released:
+            return True
+        try:
+            self._handle.release()
+        except NIXL_ERRORS as exc:
+            log.warning("release of in-flight transfer refused: %s", exc)
+            return False
+        self.released = True
+        return True
+
+
+class KvAgent:
+    """Registers a page-major pool once and WRITEs pages into peers' pools."""
+
+    def __init__(
+        self,
+        name: str,
+        pool_tensor: torch.Tensor,
+        page_bytes: int,
+        *,
+        backend_params: dict[str, str] | None = None,
+        progress_thread: bool = True,
+    ) -> None:
+        if not pool_tensor.is_contiguous():
+            raise LayoutMismatch("pool tensor must be contiguous")
+        total = pool_tensor.numel() * pool_tensor.element_size()
+        if page_bytes <= 0 or total % page_bytes:
+            raise LayoutMismatch(f"pool of {total} bytes is not a whole number of pages")
+        self.name = name
+        self._pool = pool_tensor  # keep the registered memory alive
+        device = pool_tensor.get_device()
+        self._layout = PoolLayout(
+            base_addr=pool_tensor.data_ptr(),
+            page_bytes=page_bytes,
+            num_pages=total // page_bytes,
+            mem_type="DRAM" if device < 0 else "VRAM",
+            device_id=max(device, 0),
+        )
+        config = nixl_agent_config(enable_prog_thread=progress_thread, backends=[])
+        self._agent = nixl_agent(name, config)
+        self._agent.create_backend("UCX", backend_params or {})
+        self._reg = self._agent.register_memory(pool_tensor)
+        self._peers: set[str] = set()
+
+    def metadata(self) -> bytes:
+        """Agent metadata (connection info and the registered pool) to publish to peers."""
+        return self._agent.get_agent_metadata()
+
+    def layout(self) -> PoolLayout:
+        """What a peer needs to address this pool's pages."""
+        return self._layout
+
+    @property
+    def peers(self) -> frozenset[str]:
+        return frozenset(self._peers)
+
+    def add_peer(self, metadata: bytes) -> str:
+        """Load a peer's metadata; returns its agent name.
+
+        A name already present is refused: a restarted peer's old agent must be removed
+        first (and its rooms failed), so nothing keeps using stale endpoints or keys.
+        """
+        name = self._agent.add_remote_agent(metadata)
+        name = name.decode() if isinstance(name, bytes) else name
+        if name in self._peers:
+            # NIXL accepted the reload of the same metadata (a no-op for it); refuse anyway.
+            raise PeerExists(f"peer {name} already added; remove_peer first")
+        self._peers.add(name)
+        return name
+
+    def remove_peer(self, name: str) -> None:
+        """Drop a peer's agent (disconnects). Idempotent."""
+        if name not in self._peers:
+            return
+        self._peers.discard(name)
+        try:
+            self._agent.remove_remote_agent(name)
+        except NIXL_ERRORS as exc:
+            log.warning("remove_remote_agent(%s) failed: %s", name, exc)
+
+    def write_pages(
+        self,
+        peer_name: str,
+        peer_layout: PoolLayout,
+        src_pages: list[int],
+        dst_pages: list[int],
+        notif: bytes | None = None,
+    ) -> Transfer:
+        """Post ONE WRITE of local ``src_pages`` into the peer's ``dst_pages``.
+
+        Consecutive runs are merged into single descriptors. ``notif`` is delivered to the
+        peer after the data of this WRITE. Raises LayoutMismatch, UnknownPeer, or
+        TransferFailed if NIXL refuses the request.
+        """
+        if peer_name not in self._peers:
+            raise UnknownPeer(peer_name)
+        if peer_layout.page_bytes != self._layout.page_bytes:
+            raise LayoutMismatch(
+                f"page_bytes {self._layout.page_bytes} != peer {peer_layout.page_bytes}"
+            )
+        if not src_pages or len(src_pages) != len(dst_pages):
+            raise LayoutMismatch("src_pages and dst_pages must be equal-length and non-empty")
+        if len(set(dst_pages)) != len(dst_pages):
+            raise LayoutMismatch("duplicate destination pages")
+        check_pages(self._layout, src_pages, "source")
+        check_pages(peer_layout, dst_pages, "destination")
+        runs = coalesce(src_pages, dst_pages)
+        counts = [r.count for r in runs]
+        local = descriptors(self._layout, [r.src for r in runs], counts)
+        remote = descriptors(peer_layout, [r.dst for r in runs], counts)
+        try:
+            handle = self._agent.initialize_xfer(
+                "WRITE",
+                self._agent.get_xfer_descs(local, self._layout.mem_type),
+                self._agent.get_xfer_descs(remote, peer_layout.mem_type),
+                peer_name,
+                notif or b"",
+            )
+            first = self._agent.transfer(handle)
+        except NIXL_ERRORS as exc:
+            raise TransferFailed(f"{type(exc).__name__}: {exc}") from exc
+        size = len(src_pages) * self._layout.page_bytes
+        return Transfer(handle, self._agent, first, size, len(runs))
+
+    def get_notifs(self) -> list[tuple[str, bytes]]:
+        """New notifications since the last call, as (peer agent name, message)."""
+        notifs = self._agent.get_new_notifs()
+        return [(peer, msg) for peer, msgs in notifs.items() for msg in msgs]
+
+    def close(self) -> None:
+        """Drop peers and deregister the pool. Call once, from the owner, at shutdown."""
+        for name in list(self._peers):
+            self.remove_peer(name)
+        try:
+            self._agent.deregister_memory(self._reg)
+        except NIXL_ERRORS as exc:
+            log.warning("deregister_memory failed: %s", exc)

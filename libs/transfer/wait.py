@@ -1,0 +1,35 @@
+"""Async completion wait: NIXL has no asyncio integration and no stall timeout.
+
+The application owns the deadline (nixl#2047: a handle can stay PROC forever when the peer
+vanishes). Polling starts fast because small writes finish in tens of microseconds, then
+backs off so a long transfer costs the loop about one check per millisecond.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from libs.transfer.agent import Transfer
+from libs.transfer.errors import TransferFailed, TransferTimeout
+
+FIRST_SLEEP_S = 50e-6
+MAX_SLEEP_S = 1e-3
+
+
+async def wait(transfer: Transfer, deadline: float) -> None:
+    """Return when ``transfer`` is DONE; raise TransferFailed on ERR, TransferTimeout once
+    ``time.monotonic()`` passes ``deadline``. Does not release the handle (see Transfer)."""
+    delay = FIRST_SLEEP_S
+    while True:
+        state = transfer.poll()
+        if state == "DONE":
+            return
+        if state == "ERR":
+            raise TransferFailed("backend reported ERR")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TransferTimeout(f"transfer of {transfer.bytes} bytes still in progress")
+        await anyio.sleep(min(delay, remaining))
+        delay = min(delay * 2, MAX_SLEEP_S)

@@ -1,0 +1,1 @@
+"""pdmesh: a prefill/decode-disaggregated LLM serving mesh."""

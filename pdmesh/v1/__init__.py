@@ -1,0 +1,1 @@
+"""Generated from protos/ by `python -m pdmesh.protogen`: do not edit."""

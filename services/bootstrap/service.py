@@ -1,0 +1,107 @@
+"""The Bootstrap gRPC service: Register, KeepAlive, Deregister, Watch, ListMembers."""
+
+from __future__ import annotations
+
+import math
+
+import anyio
+import grpc
+
+from libs.rpc.handlers import RpcError, contained, invalid
+from pdmesh.v1 import bootstrap_pb2 as bpb
+from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
+from pdmesh.v1 import common_pb2 as cpb
+from services.bootstrap.registry import Registry, RegistryFull, StaleEpoch
+
+WATCH_QUEUE = 1024
+
+
+def _check_member(member: bpb.Member) -> None:
+    if not member.name or len(member.name) > 128:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "member.name must be 1..128 chars")
+    if member.role not in (cpb.PREFILL, cpb.DECODE, cpb.ROUTER):
+        raise invalid("member.role must be prefill|decode|router")
+    if not member.address:
+        raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "member.address is required")
+    if member.role in (cpb.PREFILL, cpb.DECODE):
+        if not member.nixl_metadata or not member.layout.model or member.layout.page_bytes == 0:
+            raise RpcError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "prefill/decode members must carry nixl_metadata and a KV layout",
+            )
+
+
+class BootstrapService(bgrpc.BootstrapServicer):
+    def __init__(self, registry: Registry):
+        self.registry = registry
+
+    @contained
+    async def Register(self, request, context):
+        _check_member(request.member)
+        try:
+            admitted = self.registry.register(request.member)
+        except RegistryFull as e:
+            raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
+        lease_ms = int(self.registry.lease_seconds * 1000)
+        return bpb.RegisterReply(epoch=admitted.epoch, lease_ms=lease_ms)
+
+    @contained
+    async def KeepAlive(self, request, context):
+        try:
+            self.registry.keep_alive(request.member.name, request.member.epoch)
+        except StaleEpoch as e:
+            raise RpcError(grpc.StatusCode.NOT_FOUND, str(e)) from e
+        return bpb.KeepAliveReply(lease_ms=int(self.registry.lease_seconds * 1000))
+
+    @contained
+    async def Deregister(self, request, context):
+        try:
+            self.registry.deregister(request.member.name, request.member.epoch)
+        except StaleEpoch as e:
+            raise RpcError(grpc.StatusCode.NOT_FOUND, str(e)) from e
+        return bpb.DeregisterReply()
+
+    @contained
+    async def ListMembers(self, request, context):
+        return bpb.ListMembersReply(members=self.registry.members())
+
+    @contained
+    async def Watch(self, request, context):
+        """A snapshot first, then every change. A watcher too slow to keep up is cut off
+        (RESOURCE_EXHAUSTED) rather than allowed to grow an unbounded queue."""
+        send, receive = anyio.create_memory_object_stream[bpb.MembershipEvent](WATCH_QUEUE)
+        overflowed = False
+
+        def on_event(event: bpb.MembershipEvent) -> None:
+            nonlocal overflowed
+            try:
+                send.send_nowait(event)
+            except anyio.WouldBlock:
+                overflowed = True
+                send.close()
+
+        unsubscribe = self.registry.subscribe(on_event)
+        try:
+            snapshot = bpb.MembershipEvent(
+                kind=bpb.MembershipEvent.SNAPSHOT, members=self.registry.members()
+            )
+            await context.write(snapshot)
+            async with receive:
+                async for event in receive:
+                    await context.write(event)
+            if overflowed:
+                raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "watcher fell behind")
+        finally:
+            unsubscribe()
+            send.close()
+
+
+async def expire_leases(registry: Registry, period: float) -> None:
+    """Run forever: fail members whose lease ran out."""
+    while True:
+        registry.expire()
+        await anyio.sleep(period)
+
+
+def lease_period(lease_seconds: float) -> float:
+    return max(0.05, min(1.0, lease_seconds / 5)) if math.isfinite(lease_seconds) else 1.0
