@@ -37,7 +37,9 @@ class Engine:
         self.cos, self.sin = rope_tables(config, self.device, weights.dtype)
 
     @torch.inference_mode()
-    def prefill(self, tokens: Sequence[int], pages: Sequence[int], start_pos: int = 0) -> torch.Tensor:
+    def prefill(
+        self, tokens: Sequence[int], pages: Sequence[int], start_pos: int = 0
+    ) -> torch.Tensor:
         """KV of ``tokens`` at positions start_pos.. into ``pages``; logits [vocab] of the last.
 
         ``pages`` cover the sequence from position 0, so repeated calls with consecutive chunks
@@ -77,7 +79,7 @@ class Engine:
         for s in seqs:
             self._check_pages(s.pages, s.pos + 1)
         width = max(n_pages)
-        table = [list(s.pages[:k]) + [0] * (width - k) for s, k in zip(seqs, n_pages)]
+        table = [list(s.pages[:k]) + [0] * (width - k) for s, k in zip(seqs, n_pages, strict=True)]
         pos_list = [s.pos for s in seqs]
         pos = torch.tensor(pos_list, device=dev)
         write_pages = torch.tensor([s.pages[s.pos // ps] for s in seqs], device=dev)

@@ -111,10 +111,16 @@ class KvAgent:
         A name already present is refused: a restarted peer's old agent must be removed
         first (and its rooms failed), so nothing keeps using stale endpoints or keys.
         """
-        name = self._agent.add_remote_agent(metadata)
-        name = name.decode() if isinstance(name, bytes) else name
+        try:
+            loaded = self._agent.add_remote_agent(metadata)
+        except _bindings.nixlNotAllowedError as exc:
+            # NIXL refuses new metadata under a name it already holds.
+            raise PeerExists("peer name already added; remove_peer first") from exc
+        except NIXL_ERRORS as exc:
+            raise TransferFailed(f"add_remote_agent: {type(exc).__name__}: {exc}") from exc
+        name = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
         if name in self._peers:
-            # NIXL accepted the reload of the same metadata (a no-op for it); refuse anyway.
+            # Reloading identical metadata is a no-op in NIXL; still refuse, to keep one path.
             raise PeerExists(f"peer {name} already added; remove_peer first")
         self._peers.add(name)
         return name

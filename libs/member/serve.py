@@ -1,0 +1,72 @@
+"""The shared main of a prefill or decode process: load, serve, register, watch."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Callable
+
+import anyio
+
+from libs.member.kv_member import KvMember
+from libs.rpc.membership import Membership
+from libs.rpc.server import start_server
+
+log = logging.getLogger(__name__)
+
+
+def add_member_arguments(parser: argparse.ArgumentParser, role: str, pages: int) -> None:
+    parser.add_argument(
+        "--name", default=None, help=f"member name, stable across restarts (default {role}-PID)"
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="gRPC port (default: a free one)")
+    parser.add_argument(
+        "--bootstrap", default="127.0.0.1:50050", help="bootstrap address (host:port)"
+    )
+    parser.add_argument(
+        "--model", default="smollm2", help="smollm2 | tiny | random:smollm2 | PATH (GGUF or HF dir)"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N (default cpu)")
+    parser.add_argument(
+        "--kv-pages", type=int, default=pages, help=f"KV pool size in pages (default {pages})"
+    )
+    parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+
+
+async def serve_member(
+    args: argparse.Namespace,
+    role: int,
+    role_name: str,
+    make_service: Callable[[KvMember, Callable[[], int]], object],
+    register: Callable[[object], list],
+    service_names: list[str],
+    run_extra: Callable[[object], Callable] | None = None,
+) -> None:
+    """Load the model (off the loop), start the server, register, and serve until cancelled."""
+    name = args.name or f"{role_name}-{os.getpid()}"
+    log.info("loading model %s on %s", args.model, args.device)
+    member = await anyio.to_thread.run_sync(
+        KvMember.create, role, name, args.model, args.device, args.kv_pages, args.page_size
+    )
+    membership_ref: list[Membership] = []
+    service = make_service(member, lambda: membership_ref[0].epoch if membership_ref else 0)
+    running = await start_server(args.host, args.port, register(service), service_names)
+    address = f"{args.host}:{running.port}"
+    membership = Membership(
+        args.bootstrap,
+        me=member.registration(address),
+        on_join=[member.on_join],
+        on_leave=[member.on_leave],
+    )
+    membership_ref.append(membership)
+    log.info("%s %s serving on %s", role_name, member.name, address)
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(membership.run)
+            if run_extra is not None:
+                tg.start_soon(run_extra(service))
+    finally:
+        with anyio.move_on_after(2.0, shield=True):
+            await running.stop(0.5)

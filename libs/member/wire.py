@@ -1,0 +1,51 @@
+"""Conversions between protobuf messages and the engine's and kvpoll's own types."""
+
+from __future__ import annotations
+
+import grpc
+
+from libs.engine.sampling import SamplingParams
+from libs.kvpoll import ROOM_ID_BYTES, RoomKey
+from libs.rpc.handlers import RpcError, invalid
+from pdmesh.v1 import common_pb2 as cpb
+
+
+def key_from_proto(key: cpb.RoomKey) -> RoomKey:
+    if len(key.room) != ROOM_ID_BYTES:
+        raise invalid(f"room id must be {ROOM_ID_BYTES} bytes, got {len(key.room)}")
+    return RoomKey(key.room, key.generation)
+
+
+def key_to_proto(key: RoomKey) -> cpb.RoomKey:
+    return cpb.RoomKey(room=key.room, generation=key.generation)
+
+
+def sampling_from_proto(params: cpb.SamplingParams) -> SamplingParams:
+    if not 0.0 <= params.temperature <= 2.0:
+        raise invalid("sampling.temperature must be in [0, 2]")
+    if not 0.0 < params.top_p <= 1.0:
+        raise invalid("sampling.top_p must be in (0, 1]")
+    if params.max_tokens < 1:
+        raise invalid("sampling.max_tokens must be >= 1")
+    return SamplingParams(
+        temperature=params.temperature,
+        top_p=params.top_p,
+        seed=params.seed,
+        max_tokens=params.max_tokens,
+        stop=list(params.stop),
+        stop_token_ids=list(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+    )
+
+
+def check_tokens(tokens, vocab_size: int, max_len: int) -> list[int]:
+    ids = list(tokens)
+    if not ids:
+        raise invalid("prompt_tokens must not be empty")
+    if len(ids) > max_len:
+        raise RpcError(
+            grpc.StatusCode.OUT_OF_RANGE, f"prompt of {len(ids)} tokens exceeds {max_len}"
+        )
+    if max(ids) >= vocab_size:
+        raise invalid(f"token id {max(ids)} outside the vocabulary of {vocab_size}")
+    return ids

@@ -1,0 +1,167 @@
+"""The `pdmesh` command: run the mesh, one service, or talk to a running mesh."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+
+DESCRIPTION = """\
+pdmesh: a prefill/decode-disaggregated LLM serving mesh.
+
+  pdmesh up                  run bootstrap, prefill, decode and router (Ctrl-C stops all)
+  pdmesh bootstrap|prefill|decode|router   one service in the foreground
+  pdmesh status [--json]     members and their live counters
+  pdmesh generate PROMPT     stream a completion through the router's gRPC API
+  pdmesh bench               latency and throughput against a running mesh
+"""
+
+
+def _die_with_supervisor() -> None:
+    """A service started by `pdmesh up` gets SIGTERM if the supervisor dies (Linux)."""
+    parent = os.environ.get("PDMESH_SUPERVISOR_PID")
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        return
+    if os.getppid() != int(parent):
+        sys.exit(0)  # the supervisor is already gone
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from services.bootstrap import main as bootstrap_main
+    from services.decode import main as decode_main
+    from services.prefill import main as prefill_main
+    from services.router import main as router_main
+
+    parser = argparse.ArgumentParser(
+        prog="pdmesh", description=DESCRIPTION, formatter_class=argparse.RawTextHelpFormatter
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="run the whole mesh (supervisor)")
+    up.add_argument("--model", default="smollm2", help="smollm2 | tiny | PATH (default smollm2)")
+    up.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
+    up.add_argument("--prefill", type=int, default=1, help="prefill processes (default 1)")
+    up.add_argument("--decode", type=int, default=1, help="decode processes (default 1)")
+    up.add_argument("--host", default="127.0.0.1", help="address every service binds")
+    up.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP port (8000)")
+    up.add_argument("--grpc-port", type=int, default=50051, help="router gRPC port (50051)")
+    up.add_argument("--bootstrap-port", type=int, default=50050, help="bootstrap port (50050)")
+
+    for name, module, text in (
+        ("bootstrap", bootstrap_main, "the registry service"),
+        ("prefill", prefill_main, "one prefill service"),
+        ("decode", decode_main, "one decode service"),
+        ("router", router_main, "the OpenAI gateway and gRPC Generate API"),
+    ):
+        p = sub.add_parser(name, help=text, description=f"pdmesh {name}: {text}")
+        module.add_arguments(p)
+        p.set_defaults(service=module)
+
+    status = sub.add_parser("status", help="members and their live counters")
+    status.add_argument("--json", action="store_true", help="one JSON object (see contract.md)")
+    status.add_argument("--bootstrap", default="127.0.0.1:50050", help="bootstrap address")
+
+    gen = sub.add_parser("generate", help="stream a completion through the gRPC API")
+    gen.add_argument("prompt", help="the user message (chat) or raw prompt (--raw)")
+    gen.add_argument("--router", default="127.0.0.1:50051", help="router gRPC address")
+    gen.add_argument("--raw", action="store_true", help="send a raw prompt, no chat template")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+
+    bench = sub.add_parser("bench", help="benchmark a mesh against transformers side by side")
+    from pdmesh import bench as bench_mod
+
+    bench_mod.add_arguments(bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "service", None) is not None:
+        _die_with_supervisor()
+        from libs.rpc.runtime import run_service
+
+        return run_service(args.command, lambda: args.service.serve(args))
+    if args.command == "up":
+        from libs.rpc.runtime import run_service
+        from pdmesh.supervisor import Plan, supervise
+
+        plan = Plan(
+            model=args.model, device=args.device, prefill=args.prefill, decode=args.decode,
+            host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
+            bootstrap_port=args.bootstrap_port,
+        )
+        if plan.prefill < 1 or plan.decode < 1:
+            parser.error("--prefill and --decode must be at least 1")
+        return run_service("up", lambda: supervise(plan))
+    if args.command == "status":
+        return _status(args)
+    if args.command == "generate":
+        return _generate(args)
+    if args.command == "bench":
+        from pdmesh import bench as bench_mod
+
+        return bench_mod.run(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _status(args: argparse.Namespace) -> int:
+    import anyio
+    import grpc
+
+    from pdmesh.status import collect, render, to_json
+
+    try:
+        status = anyio.run(collect, args.bootstrap)
+    except grpc.aio.AioRpcError as e:
+        print(f"pdmesh status: bootstrap {args.bootstrap} unreachable ({e.code().name})",
+              file=sys.stderr)
+        return 1
+    print(to_json(status) if args.json else render(status))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import anyio
+    import grpc
+
+    from pdmesh.client import Done, GenerateClient
+
+    async def go() -> int:
+        async with GenerateClient(args.router) as client:
+            kwargs = {"prompt": args.prompt} if args.raw else {
+                "messages": [{"role": "user", "content": args.prompt}]
+            }
+            async for item in client.generate(
+                max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                seed=args.seed, **kwargs,
+            ):
+                if isinstance(item, Done):
+                    print(f"\n[{item.finish_reason}: {item.prompt_tokens} prompt + "
+                          f"{item.completion_tokens} completion tokens]", file=sys.stderr)
+                else:
+                    print(item.text, end="", flush=True)
+        return 0
+
+    try:
+        return anyio.run(go)
+    except grpc.aio.AioRpcError as e:
+        print(f"pdmesh generate: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""`pdmesh status`: the bootstrap's members and each member's live counters."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import grpc
+
+from libs.rpc.calls import open_channel, unary
+from pdmesh.v1 import bootstrap_pb2 as bpb
+from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
+from pdmesh.v1 import common_pb2 as cpb
+from pdmesh.v1 import common_pb2_grpc as cgrpc
+
+ROLE_NAMES = {cpb.PREFILL: "prefill", cpb.DECODE: "decode", cpb.ROUTER: "router"}
+
+
+async def member_stats(member: bpb.Member, timeout: float) -> dict:
+    row = {
+        "role": ROLE_NAMES.get(member.role, "unknown"),
+        "name": member.name,
+        "epoch": member.epoch,
+        "address": member.address,
+        "healthy": False,
+        "inflight": None,
+        "kv_pages_used": None,
+        "kv_pages_total": None,
+        "rooms": {},
+        "transfer_failed_total": None,
+        "aborts_total": None,
+    }
+    channel = open_channel(member.address)
+    try:
+        stats = await unary(cgrpc.AdminStub(channel).Stats, cpb.StatsRequest(), timeout=timeout)
+        row.update(
+            healthy=stats.healthy,
+            inflight=stats.inflight,
+            kv_pages_used=stats.kv_pages_used,
+            kv_pages_total=stats.kv_pages_total,
+            rooms=dict(stats.rooms),
+            transfer_failed_total=stats.transfer_failed_total,
+            aborts_total=stats.aborts_total,
+            requests_total=stats.requests_total,
+        )
+    except grpc.aio.AioRpcError as e:
+        row["error"] = f"{e.code().name}: {e.details()}"
+    finally:
+        await channel.close()
+    return row
+
+
+async def collect(bootstrap: str, timeout: float = 3.0) -> dict:
+    """The status object of contract.md; raises grpc.aio.AioRpcError if no bootstrap answers."""
+    channel = open_channel(bootstrap)
+    try:
+        reply = await unary(
+            bgrpc.BootstrapStub(channel).ListMembers, bpb.ListMembersRequest(), timeout=timeout
+        )
+    finally:
+        await channel.close()
+    rows: list[dict] = [{}] * len(reply.members)
+
+    async def fill(i: int, member: bpb.Member) -> None:
+        rows[i] = await member_stats(member, timeout)
+
+    async with anyio.create_task_group() as tg:
+        for i, member in enumerate(reply.members):
+            tg.start_soon(fill, i, member)
+    rows.sort(key=lambda r: (r["role"], r["name"]))
+    return {"bootstrap": {"address": bootstrap}, "members": rows}
+
+
+def render(status: dict) -> str:
+    lines = [f"bootstrap {status['bootstrap']['address']}: {len(status['members'])} members"]
+    header = f"{'ROLE':8} {'NAME':20} {'HEALTHY':7} {'INFLIGHT':8} {'KV PAGES':13} {'FAILED':6} "
+    lines.append(header + "ABORTS  ROOMS")
+    for m in status["members"]:
+        pages = (
+            f"{m['kv_pages_used']}/{m['kv_pages_total']}" if m["kv_pages_total"] else "-"
+        )
+        rooms = ",".join(f"{k}={v}" for k, v in m["rooms"].items()) or "-"
+        lines.append(
+            f"{m['role']:8} {m['name']:20} {'yes' if m['healthy'] else 'NO':7} "
+            f"{_dash(m['inflight']):8} {pages:13} {_dash(m['transfer_failed_total']):6} "
+            f"{_dash(m['aborts_total']):7} {rooms}" + (f"  ({m['error']})" if "error" in m else "")
+        )
+    return "\n".join(lines)
+
+
+def _dash(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def to_json(status: dict) -> str:
+    return json.dumps(status, indent=2)

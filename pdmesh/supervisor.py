@@ -1,0 +1,151 @@
+"""`pdmesh up`: start bootstrap, prefills, decodes and a router as child processes.
+
+A crashed child is restarted with exponential backoff (and the log says so);
+on Ctrl-C or SIGTERM every child gets SIGTERM, then SIGKILL after a grace
+period, so no process is left behind. Children also ask the kernel to
+SIGTERM them if the supervisor itself dies (see pdmesh.cli).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+
+import anyio
+from anyio.abc import Process
+
+log = logging.getLogger("pdmesh.up")
+
+STOP_GRACE = 8.0
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    restarts: int = 0
+    process: Process | None = None
+    started_at: float = 0.0
+
+
+@dataclass
+class Plan:
+    model: str = "smollm2"
+    device: str = "cpu"
+    prefill: int = 1
+    decode: int = 1
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 50051
+    bootstrap_port: int = 50050
+    extra: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.bootstrap_port}"
+
+    def children(self) -> list[Child]:
+        base = [sys.executable, "-m", "pdmesh.cli"]
+        common = ["--bootstrap", self.bootstrap, "--host", self.host]
+        member = [*common, "--model", self.model, "--device", self.device]
+        out = [Child("bootstrap", [*base, "bootstrap", "--host", self.host,
+                                   "--port", str(self.bootstrap_port)])]
+        for i in range(self.prefill):
+            out.append(Child(f"prefill-{i}", [*base, "prefill", "--name", f"prefill-{i}", *member,
+                                              *self.extra.get("prefill", [])]))
+        for i in range(self.decode):
+            out.append(Child(f"decode-{i}", [*base, "decode", "--name", f"decode-{i}", *member,
+                                             *self.extra.get("decode", [])]))
+        out.append(Child("router", [*base, "router", "--name", "router", *common,
+                                    "--model", self.model,
+                                    "--http-port", str(self.http_port),
+                                    "--grpc-port", str(self.grpc_port)]))
+        return out
+
+
+async def supervise(plan: Plan) -> None:
+    env = {**os.environ, "PDMESH_SUPERVISOR_PID": str(os.getpid())}
+    children = plan.children()
+    log.info(
+        "starting %d prefill, %d decode, model %s on %s", plan.prefill, plan.decode,
+        plan.model, plan.device,
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            for child in children:
+                tg.start_soon(_keep_running, child, env)
+                if child.name == "bootstrap":
+                    await anyio.sleep(0.3)  # members retry anyway; this just spares log noise
+            tg.start_soon(_announce_ready, plan)
+    finally:
+        with anyio.move_on_after(STOP_GRACE + 2, shield=True):
+            await _stop_all(children)
+
+
+async def _keep_running(child: Child, env: dict[str, str]) -> None:
+    backoff = 0.5
+    while True:
+        child.started_at = time.monotonic()
+        child.process = await anyio.open_process(
+            child.argv, stdin=subprocess.DEVNULL, stdout=None, stderr=None, env=env
+        )
+        code = await child.process.wait()
+        lived = time.monotonic() - child.started_at
+        if lived > 30:
+            backoff = 0.5
+        child.restarts += 1
+        log.warning(
+            "%s exited with code %s after %.1fs; restart #%d in %.1fs",
+            child.name, code, lived, child.restarts, backoff,
+        )
+        await anyio.sleep(backoff)
+        backoff = min(backoff * 2, 10.0)
+
+
+async def _stop_all(children: list[Child]) -> None:
+    live = [c.process for c in children if c.process and c.process.returncode is None]
+    for process in reversed(live):  # router first, bootstrap last
+        _signal(process, signal.SIGTERM)
+    with anyio.move_on_after(STOP_GRACE):
+        for process in live:
+            await process.wait()
+    for process in live:
+        if process.returncode is None:
+            log.warning("pid %d ignored SIGTERM; killing it", process.pid)
+            _signal(process, signal.SIGKILL)
+            await process.wait()
+    log.info("all services stopped")
+
+
+def _signal(process: Process, signum: int) -> None:
+    try:
+        process.send_signal(signum)
+    except ProcessLookupError:
+        pass
+
+
+async def _announce_ready(plan: Plan) -> None:
+    url = f"http://{plan.host}:{plan.http_port}/health"
+    started = time.monotonic()
+    while True:
+        if await anyio.to_thread.run_sync(_healthy, url):
+            log.info(
+                "mesh ready in %.1fs: OpenAI API at http://%s:%d/v1, gRPC Generate at %s:%d",
+                time.monotonic() - started, plan.host, plan.http_port, plan.host, plan.grpc_port,
+            )
+            return
+        await anyio.sleep(0.5)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return response.status == 200
+    except OSError:
+        return False

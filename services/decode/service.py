@@ -1,0 +1,291 @@
+"""The Decode gRPC service: reserve pages, receive the prompt's KV over NIXL, generate.
+
+Per request: validate, create the room, reserve pages for prompt plus
+max_tokens, answer first with a TransferInfo naming the destination pages,
+then wait for the prefill's KvReady notification (every page landed). The
+room becomes Success only then; the sequence joins the continuous batch and
+its tokens stream back.
+
+Pages that a write may still touch are never reused on a timeout alone
+(invariant 5): if the request ends before KvReady, its pages go to
+quarantine and come back only on a fence: the late KvReady itself, an Abort
+saying the writer is fenced, or the writer's registration (epoch) gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import grpc
+
+from libs.engine.kvpool import PoolExhausted
+from libs.kvpoll import DuplicateRoom, FailureCause, Room, RoomKey, RoomState, RoomTable, TableFull
+from libs.member.kv_member import KvMember
+from libs.member.stats import Counters, RecentKeys
+from libs.member.wire import key_from_proto, sampling_from_proto
+from libs.rpc.handlers import RpcError, contained, invalid
+from pdmesh.v1 import bootstrap_pb2 as bpb
+from pdmesh.v1 import common_pb2 as cpb
+from pdmesh.v1 import common_pb2_grpc as cgrpc
+from pdmesh.v1 import decode_pb2 as dpb
+from pdmesh.v1 import decode_pb2_grpc as dgrpc
+from services.decode.batcher import Batcher, Sequence
+
+log = logging.getLogger(__name__)
+
+ABORT_WAIT_SECONDS = 5.0
+
+
+@dataclass
+class Slot:
+    """One admitted request on this decode."""
+
+    key: RoomKey
+    room: Room
+    pages: list[int]
+    prompt_pages: int
+    writer: cpb.PeerRef
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    ready: cpb.KvReady | None = None
+    abort_reason: FailureCause | None = None
+    released: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass
+class DecodeConfig:
+    max_rooms: int = 256
+    max_batch: int = 64
+    default_budget: float = 300.0
+    notif_poll_seconds: float = 0.0005
+
+
+class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
+    def __init__(self, member: KvMember, config: DecodeConfig, epoch=lambda: 0):
+        self.member = member
+        self.config = config
+        self.epoch = epoch
+        self.table = RoomTable(config.max_rooms)
+        self.slots: dict[RoomKey, Slot] = {}
+        self.quarantine: dict[RoomKey, Slot] = {}
+        self.aborted = RecentKeys()
+        self.counters = Counters()
+        self.batcher = Batcher(member.engine, member.loaded.tokenizer, config.max_batch)
+        self.unknown_notifs = 0
+        member.on_peer_lost.append(self.on_peer_lost)
+
+    async def run(self) -> None:
+        """The service's own tasks: the batch loop and the notification poller."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.batcher.run)
+            tg.start_soon(self._poll_notifications)
+
+    # ---- admission ---------------------------------------------------------------
+
+    def _admit(self, request: dpb.DecodeRequest, budget: float) -> Slot:
+        key = key_from_proto(request.key)
+        config, pool = self.member.loaded.config, self.member.pool
+        params = sampling_from_proto(request.sampling)
+        if request.prompt_tokens < 1:
+            raise invalid("prompt_tokens must be >= 1")
+        total = request.prompt_tokens + params.max_tokens
+        if total > config.max_position:
+            raise RpcError(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"prompt ({request.prompt_tokens}) + max_tokens ({params.max_tokens}) "
+                f"exceeds the context of {config.max_position}",
+            )
+        if self.member.peer(request.prefill) is None:
+            raise RpcError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"prefill {request.prefill.name!r} epoch {request.prefill.epoch} "
+                "is not a live peer",
+            )
+        if key in self.aborted:
+            raise RpcError(grpc.StatusCode.ABORTED, "room was aborted")
+        try:
+            room = self.table.create(key, deadline=time.monotonic() + budget)
+        except DuplicateRoom as e:
+            raise RpcError(grpc.StatusCode.ALREADY_EXISTS, str(e)) from e
+        except TableFull as e:
+            raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
+        try:
+            pages = pool.alloc(pool.pages_for(total))
+        except PoolExhausted as e:
+            room.fail(FailureCause.REJECTED, time.monotonic())
+            self.table.remove(key)
+            raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
+        slot = Slot(
+            key=key,
+            room=room,
+            pages=pages,
+            prompt_pages=pool.pages_for(request.prompt_tokens),
+            writer=request.prefill,
+        )
+        self.slots[key] = slot
+        return slot
+
+    # ---- the request -------------------------------------------------------------
+
+    @contained
+    async def Generate(self, request, context):
+        self.counters.requests_total += 1
+        budget = context.time_remaining() or self.config.default_budget
+        slot = self._admit(request, budget)
+        params = sampling_from_proto(request.sampling)
+        seq: Sequence | None = None
+        cause: FailureCause | None = None
+        try:
+            with slot.scope, anyio.fail_after(budget):
+                slot.room.transition(RoomState.WAITING_FOR_INPUT, time.monotonic())
+                info = cpb.TransferInfo(
+                    key=request.key,
+                    decode=cpb.PeerRef(name=self.member.name, epoch=self.epoch()),
+                    dst_pages=slot.pages[: slot.prompt_pages],
+                )
+                await context.write(dpb.DecodeEvent(transfer=info))
+                state = await slot.room.wait_terminal()
+                if state is RoomState.SUCCESS:
+                    ready = slot.ready
+                    seq = self.batcher.admit(
+                        slot.pages, ready.prompt_tokens, ready.first_token, params
+                    )
+                    await self._stream(seq, context)
+            if slot.scope.cancelled_caught or slot.room.state is RoomState.FAILED:
+                cause = slot.abort_reason or slot.room.failure_cause or FailureCause.INTERNAL
+                raise RpcError(grpc.StatusCode.ABORTED, f"aborted: {cause}")
+        except TimeoutError:
+            cause = FailureCause.DEADLINE
+            raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "decode deadline") from None
+        except anyio.get_cancelled_exc_class():
+            cause = FailureCause.CLIENT_DISCONNECT
+            raise
+        except BaseException:
+            cause = cause or FailureCause.INTERNAL
+            raise
+        finally:
+            if cause is not None:
+                slot.room.fail(cause, time.monotonic())
+            with anyio.move_on_after(2.0, shield=True):
+                await self._release(slot, seq)
+
+    async def _stream(self, seq: Sequence, context) -> None:
+        async with seq.receive:
+            async for emitted in seq.receive:
+                if emitted.token_ids or emitted.text:
+                    chunk = dpb.TokenChunk(token_ids=emitted.token_ids, text=emitted.text)
+                    await context.write(dpb.DecodeEvent(tokens=chunk))
+                if emitted.finish_reason == "error":
+                    raise RpcError(grpc.StatusCode.INTERNAL, "decode step failed")
+                if emitted.finish_reason is not None:
+                    finish = dpb.Finish(
+                        finish_reason=emitted.finish_reason, completion_tokens=seq.generated
+                    )
+                    await context.write(dpb.DecodeEvent(finish=finish))
+                    return
+        raise RpcError(grpc.StatusCode.INTERNAL, "sequence ended without a finish")
+
+    async def _release(self, slot: Slot, seq: Sequence | None) -> None:
+        if seq is not None:
+            self.batcher.cancel(seq)
+            await seq.released.wait()
+        self.slots.pop(slot.key, None)
+        if slot.ready is None:
+            # KvReady never came: a write may still land in these pages.
+            self.quarantine[slot.key] = slot
+            log.info("room %s: %d pages quarantined until fenced", slot.key, len(slot.pages))
+        else:
+            self._free(slot)
+
+    def _free(self, slot: Slot) -> None:
+        self.member.pool.free(slot.pages)
+        self.quarantine.pop(slot.key, None)
+        if slot.key in self.table:
+            self.table.remove(slot.key)
+        slot.released.set()
+
+    # ---- KV arrival --------------------------------------------------------------
+
+    async def _poll_notifications(self) -> None:
+        """The one owner of NIXL notifications on this decode."""
+        while True:
+            for _peer, payload in self.member.agent.get_notifs():
+                self._on_notification(payload)
+            await anyio.sleep(self.config.notif_poll_seconds)
+
+    def _on_notification(self, payload: bytes) -> None:
+        """KvReady: every page of a room landed. Contained: a bad message is dropped."""
+        try:
+            ready = cpb.KvReady.FromString(payload)
+            key = key_from_proto(ready.key)
+        except Exception:
+            self.unknown_notifs += 1
+            log.warning("dropping an unparseable notification (%d bytes)", len(payload))
+            return
+        slot = self.slots.get(key) or self.quarantine.get(key)
+        if slot is None or ready.prefill != slot.writer or ready.num_pages != slot.prompt_pages:
+            self.unknown_notifs += 1
+            log.warning("dropping KvReady for %s: unknown room or wrong writer", key)
+            return
+        slot.ready = ready
+        if key in self.quarantine:  # the late write is the fence
+            self._free(slot)
+            return
+        outcome = slot.room.transition(RoomState.SUCCESS, time.monotonic())
+        log.debug("room %s KvReady: %s", key, outcome)
+
+    # ---- aborts and peers --------------------------------------------------------
+
+    @contained
+    async def Abort(self, request, context):
+        key = key_from_proto(request.key)
+        try:
+            reason = FailureCause(request.reason)
+        except ValueError:
+            raise invalid(f"unknown abort reason {request.reason!r}") from None
+        self.aborted.add(key)
+        slot = self.slots.get(key) or self.quarantine.get(key)
+        if slot is None:
+            return cpb.AbortAck(key=request.key, known=False, released=True)
+        self.counters.aborts[reason.value] += 1
+        if slot.abort_reason is None:
+            slot.abort_reason = reason
+        slot.room.fail(reason, time.monotonic())
+        slot.scope.cancel()
+        if request.writer_fenced and key in self.quarantine:
+            self._free(slot)
+        with anyio.move_on_after(ABORT_WAIT_SECONDS):
+            if request.writer_fenced:
+                await slot.released.wait()
+            else:
+                while key in self.slots:
+                    await anyio.sleep(0.001)
+        quarantined = key in self.quarantine
+        return cpb.AbortAck(
+            key=request.key,
+            known=True,
+            state=slot.room.state.proto,
+            released=slot.released.is_set() or quarantined,
+        )
+
+    def on_peer_lost(self, member: bpb.Member, reason: str) -> None:
+        """A prefill left: its rooms fail now, and its quarantined pages are fenced."""
+        lost = cpb.PeerRef(name=member.name, epoch=member.epoch)
+        for slot in list(self.slots.values()):
+            if slot.writer == lost and slot.ready is None:
+                self.counters.aborts[FailureCause.PEER_LOST.value] += 1
+                if slot.abort_reason is None:
+                    slot.abort_reason = FailureCause.PEER_LOST
+                slot.room.fail(FailureCause.PEER_LOST, time.monotonic())
+                slot.scope.cancel()
+        for slot in list(self.quarantine.values()):
+            if slot.writer == lost:
+                self._free(slot)
+
+    @contained
+    async def Stats(self, request, context):
+        return self.counters.stats(
+            cpb.DECODE, self.member.name, self.epoch(), True, self.table, self.member.pool
+        )

@@ -1,0 +1,39 @@
+"""`pdmesh prefill`: one prefill service in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+
+from libs.member.serve import add_member_arguments, serve_member
+from pdmesh.v1 import common_pb2 as cpb
+from pdmesh.v1 import common_pb2_grpc as cgrpc
+from pdmesh.v1 import prefill_pb2
+from pdmesh.v1 import prefill_pb2_grpc as pgrpc
+from services.prefill.service import PrefillConfig, PrefillService
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_member_arguments(parser, "prefill", pages=512)
+    parser.add_argument(
+        "--chunk-tokens", type=int, default=256,
+        help="prompt tokens per prefill chunk; KV is written after each (default 256)",
+    )
+    parser.add_argument("--max-rooms", type=int, default=256, help="bound on concurrent rooms")
+
+
+async def serve(args: argparse.Namespace) -> None:
+    config = PrefillConfig(chunk_tokens=args.chunk_tokens, max_rooms=args.max_rooms)
+    await serve_member(
+        args,
+        cpb.PREFILL,
+        "prefill",
+        lambda member, epoch: PrefillService(member, config, epoch),
+        lambda svc: [
+            lambda s: pgrpc.add_PrefillServicer_to_server(svc, s),
+            lambda s: cgrpc.add_AdminServicer_to_server(svc, s),
+        ],
+        [
+            prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name,
+            cpb.DESCRIPTOR.services_by_name["Admin"].full_name,
+        ],
+    )

@@ -1,0 +1,287 @@
+"""The Prefill gRPC service: compute a prompt's KV chunk by chunk and WRITE it into a
+decode's pool over NIXL as it goes.
+
+Per request: validate everything before any state exists (a forged or stale
+TransferInfo creates nothing), create the room, allocate local pages, then per
+chunk run the forward pass on the compute thread and post a NIXL WRITE of the
+pages that chunk completed. The last write carries a KvReady notification, so
+the decode knows every page landed. Whatever ends the request (success, Abort,
+client gone, deadline, transfer error), the finally block fences in-flight
+writes before local pages go back to the pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import grpc
+
+from libs.engine.kvpool import PoolExhausted
+from libs.engine.sampling import sample
+from libs.kvpoll import (
+    DuplicateRoom,
+    FailureCause,
+    Room,
+    RoomKey,
+    RoomState,
+    RoomTable,
+    TableFull,
+)
+from libs.member.kv_member import KvMember, Peer
+from libs.member.stats import Counters, RecentKeys
+from libs.member.wire import check_tokens, key_from_proto, sampling_from_proto
+from libs.rpc.handlers import RpcError, contained, invalid
+from libs.transfer.errors import LayoutMismatch, TransferError
+from libs.transfer.layout import check_pages
+from libs.transfer.wait import wait
+from pdmesh.v1 import bootstrap_pb2 as bpb
+from pdmesh.v1 import common_pb2 as cpb
+from pdmesh.v1 import common_pb2_grpc as cgrpc
+from pdmesh.v1 import prefill_pb2 as ppb
+from pdmesh.v1 import prefill_pb2_grpc as pgrpc
+
+log = logging.getLogger(__name__)
+
+FENCE_SECONDS = 5.0
+ABORT_WAIT_SECONDS = 5.0
+
+
+@dataclass
+class Job:
+    """One admitted prefill: its room, local pages, in-flight writes and cancel scope."""
+
+    key: RoomKey
+    room: Room
+    pages: list[int]
+    peer: Peer
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    transfers: list = field(default_factory=list)
+    abort_reason: FailureCause | None = None
+    released: anyio.Event = field(default_factory=anyio.Event)
+
+
+@dataclass
+class PrefillConfig:
+    chunk_tokens: int = 256
+    max_rooms: int = 256
+    default_budget: float = 300.0
+
+
+class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
+    def __init__(self, member: KvMember, config: PrefillConfig, epoch=lambda: 0):
+        if config.chunk_tokens % member.pool.page_size:
+            raise ValueError("chunk_tokens must be a multiple of the page size")
+        self.member = member
+        self.config = config
+        self.epoch = epoch
+        self.table = RoomTable(config.max_rooms)
+        self.jobs: dict[RoomKey, Job] = {}
+        self.aborted = RecentKeys()
+        self.compute = anyio.CapacityLimiter(1)
+        self.counters = Counters()
+        member.on_peer_lost.append(self.on_peer_lost)
+
+    # ---- admission ---------------------------------------------------------------
+
+    def _admit(self, request: ppb.PrefillRequest, budget: float) -> tuple[Job, list[int]]:
+        key = key_from_proto(request.key)
+        config = self.member.loaded.config
+        tokens = check_tokens(request.prompt_tokens, config.vocab_size, config.max_position - 1)
+        info = request.transfer
+        if info.key != request.key:
+            raise invalid("transfer.key differs from key")
+        peer = self.member.peer(info.decode)
+        if peer is None:
+            raise RpcError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"decode {info.decode.name!r} epoch {info.decode.epoch} is not a live peer",
+            )
+        n_pages = self.member.pool.pages_for(len(tokens))
+        if len(info.dst_pages) != n_pages:
+            raise invalid(f"transfer.dst_pages has {len(info.dst_pages)} pages, need {n_pages}")
+        try:
+            check_pages(peer.layout, list(info.dst_pages), "destination")
+        except LayoutMismatch as e:
+            raise invalid(str(e)) from e
+        if key in self.aborted:
+            raise RpcError(grpc.StatusCode.ABORTED, "room was aborted")
+        try:
+            room = self.table.create(key, deadline=time.monotonic() + budget)
+        except DuplicateRoom as e:
+            raise RpcError(grpc.StatusCode.ALREADY_EXISTS, str(e)) from e
+        except TableFull as e:
+            raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
+        try:
+            pages = self.member.pool.alloc(n_pages)
+        except PoolExhausted as e:
+            room.fail(FailureCause.REJECTED, time.monotonic())
+            self.table.remove(key)
+            raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
+        job = Job(key=key, room=room, pages=pages, peer=peer)
+        self.jobs[key] = job
+        return job, tokens
+
+    # ---- the request -------------------------------------------------------------
+
+    @contained
+    async def Prefill(self, request, context):
+        self.counters.requests_total += 1
+        budget = context.time_remaining() or self.config.default_budget
+        job, tokens = self._admit(request, budget)
+        sampling = sampling_from_proto(request.sampling)
+        cause: FailureCause | None = None
+        try:
+            with job.scope, anyio.fail_after(budget):
+                await self._run(job, tokens, sampling, request.transfer, context)
+            if job.scope.cancelled_caught:
+                cause = job.abort_reason or FailureCause.INTERNAL
+                raise RpcError(grpc.StatusCode.ABORTED, f"aborted: {cause}")
+        except TimeoutError:
+            cause = FailureCause.DEADLINE
+            raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "prefill deadline") from None
+        except TransferError as e:
+            cause = FailureCause.TRANSFER_ERROR
+            self.counters.transfer_failed_total += 1
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, f"KV transfer failed: {e}") from e
+        except anyio.get_cancelled_exc_class():
+            cause = FailureCause.CLIENT_DISCONNECT
+            raise
+        except BaseException:
+            cause = cause or FailureCause.INTERNAL
+            raise
+        finally:
+            if cause is not None:
+                job.room.fail(cause, time.monotonic())
+            with anyio.move_on_after(FENCE_SECONDS + 1, shield=True):
+                await self._release(job)
+
+    async def _run(self, job: Job, tokens, sampling, info: cpb.TransferInfo, context) -> None:
+        member, pool = self.member, self.member.pool
+        room, n = job.room, len(tokens)
+        dst = list(info.dst_pages)
+        page_size = pool.page_size
+        room.transition(RoomState.WAITING_FOR_INPUT, time.monotonic())
+        sent = 0
+        logits = None
+        started = time.perf_counter()
+        for start in range(0, n, self.config.chunk_tokens):
+            chunk = tokens[start : start + self.config.chunk_tokens]
+            logits = await anyio.to_thread.run_sync(
+                member.engine.prefill, chunk, job.pages, start, limiter=self.compute
+            )
+            done = start + len(chunk)
+            if done < n:  # the last page always waits for the final, notifying write
+                full = done // page_size
+                if full > sent:
+                    self._write(job, range(sent, full), dst, None)
+                    sent = full
+            await context.write(
+                ppb.PrefillEvent(progress=ppb.PrefillProgress(tokens_done=done, pages_sent=sent))
+            )
+        first = sample(logits, sampling, 0)
+        ready = cpb.KvReady(
+            key=info.key,
+            prefill=cpb.PeerRef(name=member.name, epoch=self.epoch()),
+            num_pages=len(dst),
+            prompt_tokens=n,
+            first_token=first,
+        )
+        deadline = room.deadline
+        for transfer in job.transfers:  # earlier chunks land before the notifying write
+            await wait(transfer, deadline)
+        final = self._write(job, range(sent, len(dst)), dst, ready.SerializeToString())
+        await wait(final, deadline)
+        room.transition(RoomState.SUCCESS, time.monotonic())
+        elapsed = time.perf_counter() - started
+        result = cpb.TransferResult(
+            key=info.key,
+            status=cpb.TRANSFER_OK,
+            first_token=first,
+            pages_written=len(dst),
+            bytes_written=len(dst) * pool.page_bytes,
+            transfer_seconds=elapsed,
+        )
+        await context.write(ppb.PrefillEvent(result=result))
+
+    def _write(self, job: Job, pages: range, dst: list[int], notif: bytes | None):
+        src = [job.pages[i] for i in pages]
+        dst_pages = [dst[i] for i in pages]
+        transfer = self.member.agent.write_pages(
+            job.peer.agent_name, job.peer.layout, src, dst_pages, notif
+        )
+        job.transfers.append(transfer)
+        job.room.transition(RoomState.TRANSFERRING, time.monotonic())
+        return transfer
+
+    async def _release(self, job: Job) -> None:
+        """Fence every posted write, then give the local pages back.
+
+        A write still reading our pages must finish (or fail) before the pages
+        can hold another request's KV; the deadline on the fence is the peer's
+        problem to report, ours is never to reuse a page that may be read.
+        """
+        fenced = True
+        for transfer in job.transfers:
+            fenced &= await fence(transfer, FENCE_SECONDS)
+        if fenced:
+            self.member.pool.free(job.pages)
+        else:
+            log.error("room %s: writes not fenced; %d pages withheld", job.key, len(job.pages))
+        self.table.remove(job.key)
+        self.jobs.pop(job.key, None)
+        job.released.set()
+
+    # ---- aborts and peers --------------------------------------------------------
+
+    @contained
+    async def Abort(self, request, context):
+        key = key_from_proto(request.key)
+        try:
+            reason = FailureCause(request.reason)
+        except ValueError:
+            raise invalid(f"unknown abort reason {request.reason!r}") from None
+        self.aborted.add(key)
+        job = self.jobs.get(key)
+        if job is None:
+            return cpb.AbortAck(key=request.key, known=False, released=True)
+        self.counters.aborts[reason.value] += 1
+        self._cancel(job, reason)
+        with anyio.move_on_after(ABORT_WAIT_SECONDS):
+            await job.released.wait()
+        return cpb.AbortAck(
+            key=request.key,
+            known=True,
+            state=job.room.state.proto,
+            released=job.released.is_set(),
+        )
+
+    def _cancel(self, job: Job, reason: FailureCause) -> None:
+        if job.abort_reason is None:
+            job.abort_reason = reason
+        job.scope.cancel()
+
+    def on_peer_lost(self, member: bpb.Member, reason: str) -> None:
+        """A decode left: its rooms fail at once instead of waiting for a timeout."""
+        for job in list(self.jobs.values()):
+            if job.peer.member.name == member.name and job.peer.member.epoch == member.epoch:
+                self.counters.aborts[FailureCause.PEER_LOST.value] += 1
+                self._cancel(job, FailureCause.PEER_LOST)
+
+    @contained
+    async def Stats(self, request, context):
+        return self.counters.stats(
+            cpb.PREFILL, self.member.name, self.epoch(), True, self.table, self.member.pool
+        )
+
+
+
+async def fence(transfer, seconds: float) -> bool:
+    """True once `transfer` can no longer touch memory: finished, failed, or cancelled."""
+    try:
+        await wait(transfer, time.monotonic() + seconds)
+    except TransferError:
+        pass
+    return transfer.release()

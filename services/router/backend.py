@@ -1,0 +1,123 @@
+"""The HTTP side's backend: OpenAI requests in, mesh requests out.
+
+Tokenizes (chat template or raw prompt), checks the context, fills the
+sampling parameters (a seed is always drawn here, so prefill and decode sample
+one reproducible stream), and relays the mesh's events as the OpenAI layer's.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+from libs.engine.config import ModelConfig
+from libs.engine.tokenizer import Tokenizer
+from pdmesh.v1 import common_pb2 as cpb
+from services.router.core import Finished, MeshClient, MeshError
+from services.router.metrics import RouterMetrics
+from services.router.openai_schema import (
+    CompletionRequest,
+    FinishEvent,
+    RequestError,
+    TokenEvent,
+)
+from services.router.pairing import NoPair
+
+
+class MeshBackend:
+    def __init__(
+        self,
+        model_id: str,
+        config: ModelConfig,
+        tokenizer: Tokenizer,
+        mesh: MeshClient,
+        metrics: RouterMetrics,
+    ):
+        self.model_id = model_id
+        self.config = config
+        self.tokenizer = tokenizer
+        self.mesh = mesh
+        self.metrics = metrics
+
+    def model_ids(self) -> list[str]:
+        return [self.model_id]
+
+    def is_healthy(self) -> tuple[bool, str]:
+        return self.mesh.pairing.can_serve()
+
+    def metrics_text(self) -> str:
+        return self.metrics.text()
+
+    def prompt_tokens(self, req: CompletionRequest) -> list[int]:
+        if req.kind == "chat":
+            messages = [{"role": m.role, "content": m.content} for m in req.messages or []]
+            return self.tokenizer.apply_chat_template(messages)
+        return self.tokenizer.encode(req.prompt or "")
+
+    def sampling(self, req: CompletionRequest, prompt_len: int) -> cpb.SamplingParams:
+        context = self.config.max_position
+        if prompt_len >= context:
+            raise RequestError(
+                400,
+                f"the prompt is {prompt_len} tokens; this model's context is {context}",
+                param="messages" if req.kind == "chat" else "prompt",
+                code="context_length_exceeded",
+            )
+        return cpb.SamplingParams(
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed if req.seed is not None else secrets.randbits(63),
+            max_tokens=min(req.max_tokens, context - prompt_len),
+            stop=req.stop,
+        )
+
+    async def stream(self, req: CompletionRequest) -> AsyncIterator[TokenEvent | FinishEvent]:
+        if req.model not in self.model_ids():
+            raise RequestError(
+                404, f"model {req.model!r} does not exist", param="model", code="model_not_found"
+            )
+        prompt = self.prompt_tokens(req)
+        if not prompt:
+            raise RequestError(400, "the prompt is empty", param="prompt")
+        sampling = self.sampling(req, len(prompt))
+        async for event in self.run(prompt, sampling):
+            if isinstance(event, Finished):
+                yield FinishEvent(event.finish_reason, len(prompt), event.completion_tokens)
+            else:
+                yield TokenEvent(event.text, event.token_ids[-1] if event.token_ids else -1)
+
+    async def run(self, prompt: list[int], sampling: cpb.SamplingParams):
+        """The mesh request with metrics; shared by the HTTP and gRPC front ends."""
+        try:
+            pair_check = self.mesh.pairing.pick()
+        except NoPair as e:
+            raise RequestError(503, str(e), type="service_unavailable") from None
+        del pair_check
+        started = last = time.perf_counter()
+        first = True
+        self.metrics.inflight.inc()
+        outcome = "client_disconnect"
+        try:
+            async with aclosing(self.mesh.generate(prompt, sampling)) as events:
+                async for event in events:
+                    now = time.perf_counter()
+                    if first:
+                        self.metrics.ttft.observe(now - started)
+                        first = False
+                    else:
+                        self.metrics.itl.observe(now - last)
+                    last = now
+                    yield event
+            outcome = "ok"
+        except MeshError as e:
+            outcome = "error"
+            if first:
+                raise RequestError(503, f"the mesh failed: {e}", type="service_unavailable") from e
+            raise
+        finally:
+            self.metrics.inflight.dec()
+            self.metrics.outcome(outcome)
+            if outcome != "ok":
+                self.metrics.abort(outcome)

@@ -1,0 +1,191 @@
+"""One request through the mesh, owned from start to end by the router.
+
+The request flow (design.md, router-orchestrated push):
+1. mint (room, generation), pick a pair;
+2. open Decode.Generate: its first message is the TransferInfo (destination pages);
+3. open Prefill.Prefill with that TransferInfo and read it to its TransferResult;
+4. relay Decode's tokens until its Finish.
+
+Whatever ends the request early (client gone, error, deadline), the finally
+block cancels both calls (RST_STREAM) and sends shielded, bounded,
+idempotent Aborts: first to the prefill, whose AbortAck says its writes are
+fenced, then to the decode, told whether the writer is fenced so its
+quarantined pages can come back at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import anyio
+import grpc
+
+from libs.rpc.calls import unary
+from pdmesh.v1 import common_pb2 as cpb
+from pdmesh.v1 import decode_pb2 as dpb
+from pdmesh.v1 import prefill_pb2 as ppb
+from services.router.pairing import Pair, Pairing
+
+log = logging.getLogger(__name__)
+
+ABORT_SECONDS = 2.0
+
+
+class MeshError(Exception):
+    """The mesh failed this request; `code` is the gRPC status that best describes it."""
+
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Tokens:
+    token_ids: list[int]
+    text: str
+
+
+@dataclass
+class Finished:
+    finish_reason: str
+    completion_tokens: int
+
+
+def _reason_for(code: grpc.StatusCode) -> str:
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "deadline"
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION):
+        return "peer_lost"
+    if code in (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.ALREADY_EXISTS,
+    ):
+        return "rejected"
+    return "internal"
+
+
+class RoomMinter:
+    """Room ids are random 128-bit values; generations count up from the boot time."""
+
+    def __init__(self) -> None:
+        self._generation = time.time_ns()
+
+    def mint(self) -> cpb.RoomKey:
+        self._generation += 1
+        return cpb.RoomKey(room=secrets.token_bytes(16), generation=self._generation)
+
+
+class MeshClient:
+    def __init__(self, pairing: Pairing, default_budget: float = 300.0):
+        self.pairing = pairing
+        self.minter = RoomMinter()
+        self.default_budget = default_budget
+        self.aborts: dict[str, int] = {}
+
+    async def generate(
+        self, prompt: list[int], sampling: cpb.SamplingParams, budget: float | None = None
+    ) -> AsyncIterator[Tokens | Finished]:
+        """Run one request; yields Tokens then one Finished, or raises MeshError."""
+        budget = budget or self.default_budget
+        deadline = time.monotonic() + budget
+        key = self.minter.mint()
+        with self.pairing.pick() as pair:
+            legs = _Legs(pair, key)
+            reason = "internal"
+            try:
+                async with aclosing(legs.run(prompt, sampling, deadline)) as events:
+                    async for event in events:
+                        yield event
+                return
+            except grpc.aio.AioRpcError as e:
+                reason = _reason_for(e.code())
+                raise MeshError(f"{e.code().name}: {e.details()}", e.code()) from None
+            except MeshError:
+                raise
+            except (anyio.get_cancelled_exc_class(), GeneratorExit):
+                reason = "client_disconnect"
+                raise
+            finally:
+                if not legs.finished:
+                    self.aborts[reason] = self.aborts.get(reason, 0) + 1
+                    with anyio.move_on_after(ABORT_SECONDS, shield=True):
+                        await legs.abort(reason)
+
+
+class _Legs:
+    """The two calls of one request and how to cancel them."""
+
+    def __init__(self, pair: Pair, key: cpb.RoomKey):
+        self.pair = pair
+        self.key = key
+        self.decode_call = None
+        self.prefill_call = None
+        self.prefill_done = False
+        self.finished = False
+
+    async def run(self, prompt, sampling, deadline) -> AsyncIterator[Tokens | Finished]:
+        pair, key = self.pair, self.key
+        self.decode_call = pair.decode.stub.Generate(
+            dpb.DecodeRequest(
+                key=key, prompt_tokens=len(prompt), sampling=sampling, prefill=pair.prefill.ref
+            ),
+            timeout=deadline - time.monotonic(),
+        )
+        first = await self.decode_call.read()
+        if first is grpc.aio.EOF or not first.HasField("transfer"):
+            raise MeshError("decode did not answer with a TransferInfo", grpc.StatusCode.INTERNAL)
+        self.prefill_call = pair.prefill.stub.Prefill(
+            ppb.PrefillRequest(
+                key=key, prompt_tokens=prompt, sampling=sampling, transfer=first.transfer
+            ),
+            timeout=deadline - time.monotonic(),
+        )
+        result = None
+        async for event in self.prefill_call:
+            if event.HasField("result"):
+                result = event.result
+        if result is None or result.status != cpb.TRANSFER_OK:
+            why = result.error if result is not None else "no TransferResult"
+            raise MeshError(f"prefill failed: {why}")
+        self.prefill_done = True
+        while True:
+            event = await self.decode_call.read()
+            if event is grpc.aio.EOF:
+                raise MeshError("decode ended without a Finish", grpc.StatusCode.INTERNAL)
+            if event.HasField("tokens"):
+                yield Tokens(list(event.tokens.token_ids), event.tokens.text)
+            elif event.HasField("finish"):
+                self.finished = True
+                yield Finished(event.finish.finish_reason, event.finish.completion_tokens)
+                return
+
+    async def abort(self, reason: str) -> None:
+        for call in (self.prefill_call, self.decode_call):
+            if call is not None:
+                call.cancel()
+        fenced = self.prefill_done
+        if not fenced:
+            try:
+                ack = await unary(
+                    self.pair.prefill.stub.Abort,
+                    cpb.Abort(key=self.key, reason=reason),
+                    timeout=ABORT_SECONDS,
+                )
+                fenced = ack.released
+            except grpc.aio.AioRpcError as e:
+                log.warning("Abort to prefill failed: %s", e.code().name)
+        try:
+            await unary(
+                self.pair.decode.stub.Abort,
+                cpb.Abort(key=self.key, reason=reason, writer_fenced=fenced),
+                timeout=ABORT_SECONDS,
+            )
+        except grpc.aio.AioRpcError as e:
+            log.warning("Abort to decode failed: %s", e.code().name)

@@ -1,0 +1,110 @@
+"""The router's public gRPC API: Generate (streaming) and ListModels."""
+
+from __future__ import annotations
+
+import secrets
+from contextlib import aclosing
+
+import grpc
+
+from libs.rpc.handlers import RpcError, contained, invalid
+from pdmesh.v1 import common_pb2 as cpb
+from pdmesh.v1 import common_pb2_grpc as cgrpc
+from pdmesh.v1 import generate_pb2 as gpb
+from pdmesh.v1 import generate_pb2_grpc as ggrpc
+from services.router.backend import MeshBackend
+from services.router.core import Finished, MeshError
+from services.router.openai_schema import ChatMessage, CompletionRequest, RequestError
+
+DEFAULT_MAX_TOKENS = 256
+
+_HTTP_TO_GRPC = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+def to_completion_request(request: gpb.GenerateRequest) -> CompletionRequest:
+    """Validate a GenerateRequest into the same request type the HTTP side uses."""
+    which = request.WhichOneof("input")
+    if which is None:
+        raise invalid("one of prompt or chat is required")
+    if which == "chat":
+        if not request.chat.messages:
+            raise invalid("chat.messages must not be empty")
+        messages = [ChatMessage(m.role, m.content) for m in request.chat.messages]
+        for m in messages:
+            if m.role not in ("system", "user", "assistant", "tool"):
+                raise invalid(f"unknown chat role {m.role!r}")
+    if not 0.0 <= request.temperature <= 2.0:
+        raise invalid("temperature must be in [0, 2]")
+    if not 0.0 <= request.top_p <= 1.0:
+        raise invalid("top_p must be in (0, 1]")
+    return CompletionRequest(
+        kind="chat" if which == "chat" else "completion",
+        model=request.model,
+        messages=messages if which == "chat" else None,
+        prompt=request.prompt if which == "prompt" else None,
+        max_tokens=request.max_tokens or DEFAULT_MAX_TOKENS,
+        temperature=request.temperature,
+        top_p=request.top_p or 1.0,
+        seed=request.seed if request.HasField("seed") else None,
+        stop=list(request.stop),
+        stream=True,
+        include_usage=True,
+    )
+
+
+class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
+    def __init__(self, backend: MeshBackend, name: str):
+        self.backend = backend
+        self.name = name
+
+    @contained
+    async def Generate(self, request, context):
+        req = to_completion_request(request)
+        try:
+            if req.model not in self.backend.model_ids():
+                raise RequestError(404, f"model {req.model!r} does not exist")
+            prompt = self.backend.prompt_tokens(req)
+            if not prompt:
+                raise RequestError(400, "the prompt is empty")
+            sampling = self.backend.sampling(req, len(prompt))
+            await context.write(
+                gpb.GenerateEvent(
+                    started=gpb.GenerateStarted(
+                        request_id=f"gen-{secrets.token_hex(8)}", prompt_tokens=len(prompt)
+                    )
+                )
+            )
+            async with aclosing(self.backend.run(prompt, sampling)) as events:
+                async for event in events:
+                    if isinstance(event, Finished):
+                        done = gpb.GenerateFinished(
+                            finish_reason=event.finish_reason,
+                            prompt_tokens=len(prompt),
+                            completion_tokens=event.completion_tokens,
+                        )
+                        await context.write(gpb.GenerateEvent(finished=done))
+                    else:
+                        text = gpb.GeneratedText(token_ids=event.token_ids, text=event.text)
+                        await context.write(gpb.GenerateEvent(text=text))
+        except RequestError as e:
+            raise RpcError(_HTTP_TO_GRPC.get(e.status, grpc.StatusCode.INTERNAL), e.message) from e
+        except MeshError as e:
+            raise RpcError(e.code, str(e)) from e
+
+    @contained
+    async def ListModels(self, request, context):
+        return gpb.ListModelsReply(models=self.backend.model_ids())
+
+    @contained
+    async def Stats(self, request, context):
+        return cpb.MemberStats(
+            role=cpb.ROUTER,
+            name=self.name,
+            healthy=self.backend.is_healthy()[0],
+            inflight=int(self.backend.metrics.inflight._value.get()),
+            aborts_total=sum(self.backend.mesh.aborts.values()),
+        )

@@ -1,0 +1,140 @@
+"""`pdmesh router`: the OpenAI HTTP gateway and the public gRPC API in one process."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+
+import anyio
+import uvicorn
+
+from libs.engine.loader import load_model
+from libs.rpc.membership import Membership
+from libs.rpc.server import start_server
+from pdmesh.v1 import bootstrap_pb2 as bpb
+from pdmesh.v1 import common_pb2 as cpb
+from pdmesh.v1 import common_pb2_grpc as cgrpc
+from pdmesh.v1 import generate_pb2
+from pdmesh.v1 import generate_pb2_grpc as ggrpc
+from services.router.backend import MeshBackend
+from services.router.core import MeshClient
+from services.router.grpc_api import GenerateService
+from services.router.metrics import RouterMetrics
+from services.router.openai_api import create_app
+from services.router.pairing import Pairing
+
+log = logging.getLogger("pdmesh.router")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--name", default=None, help="member name (default router-PID)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP port (8000)")
+    parser.add_argument("--grpc-port", type=int, default=50051, help="gRPC Generate port (50051)")
+    parser.add_argument(
+        "--bootstrap", default="127.0.0.1:50050", help="bootstrap address (host:port)"
+    )
+    parser.add_argument(
+        "--model", default="smollm2", help="model whose tokenizer and name the router serves"
+    )
+    parser.add_argument(
+        "--request-timeout", type=float, default=300.0, help="per-request budget in seconds"
+    )
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn inside our loop: the process's signal handling stays ours."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def load_tokenizer(spec: str):
+    loaded = load_model(spec)
+    return loaded.config, loaded.tokenizer, loaded.name
+
+
+async def serve(args: argparse.Namespace) -> None:
+    name = args.name or f"router-{os.getpid()}"
+    config, tokenizer, model_id = await anyio.to_thread.run_sync(load_tokenizer, args.model)
+    pairing = Pairing()
+    mesh = MeshClient(pairing, default_budget=args.request_timeout)
+    metrics = RouterMetrics(name)
+    backend = MeshBackend(model_id, config, tokenizer, mesh, metrics)
+    grpc_api = GenerateService(backend, name)
+    running = await start_server(
+        args.host,
+        args.grpc_port,
+        [
+            lambda s: ggrpc.add_GenerateServicer_to_server(grpc_api, s),
+            lambda s: cgrpc.add_AdminServicer_to_server(grpc_api, s),
+        ],
+        [
+            generate_pb2.DESCRIPTOR.services_by_name["Generate"].full_name,
+            cpb.DESCRIPTOR.services_by_name["Admin"].full_name,
+        ],
+    )
+    http = _QuietServer(
+        uvicorn.Config(
+            create_app(backend),
+            host=args.host,
+            port=args.http_port,
+            loop="none",
+            lifespan="off",
+            log_level="warning",
+            timeout_graceful_shutdown=1,
+        )
+    )
+    membership = Membership(
+        args.bootstrap,
+        me=bpb.Member(
+            role=cpb.ROUTER,
+            name=name,
+            address=f"{args.host}:{running.port}",
+            http_address=f"{args.host}:{args.http_port}",
+        ),
+        on_join=[pairing.on_join],
+        on_leave=[pairing.on_leave],
+    )
+    log.info(
+        "router %s: HTTP on %s:%d, gRPC on %s:%d, model %s",
+        name, args.host, args.http_port, args.host, running.port, model_id,
+    )
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(membership.run)
+            tg.start_soon(_serve_http, http)
+            tg.start_soon(_close_retired, pairing)
+    finally:
+        with anyio.move_on_after(3.0, shield=True):
+            await running.stop(0.5)
+            for endpoint in list(pairing.endpoints.values()):
+                await endpoint.channel.close()
+
+
+async def _serve_http(server: uvicorn.Server) -> None:
+    """uvicorn stops itself once should_exit is set; cancellation only asks it to."""
+    async with anyio.create_task_group() as tg:
+        async def stop_on_cancel() -> None:
+            try:
+                await anyio.sleep_forever()
+            finally:
+                server.should_exit = True
+
+        tg.start_soon(stop_on_cancel)
+        with anyio.CancelScope(shield=True):  # bounded by timeout_graceful_shutdown
+            await server.serve()
+        tg.cancel_scope.cancel()
+    if not server.started:
+        raise OSError("the HTTP server failed to start (is the port in use?)")
+
+
+async def _close_retired(pairing: Pairing) -> None:
+    """Channels of departed members are closed here, on the loop that made them."""
+    while True:
+        while pairing.retired:
+            await pairing.retired.pop().close()
+        await anyio.sleep(0.5)

@@ -1,0 +1,50 @@
+"""The router's Prometheus metrics (contract.md: names start with pdmesh_, no request ids)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class RouterMetrics:
+    def __init__(self, name: str):
+        self.registry = CollectorRegistry()
+        labels = {"service": "router", "role": "router", "name": name}
+        self._labels = labels
+        names = list(labels)
+        self.inflight = Gauge(
+            "pdmesh_inflight_requests", "Requests not yet finished", names, registry=self.registry
+        ).labels(**labels)
+        self.requests = Counter(
+            "pdmesh_requests", "Requests by outcome", [*names, "outcome"], registry=self.registry
+        )
+        self.aborts = Counter(
+            "pdmesh_aborts",
+            "Aborted requests by reason",
+            [*names, "reason"],
+            registry=self.registry,
+        )
+        self.ttft = Histogram(
+            "pdmesh_time_to_first_token_seconds",
+            "Time to first token",
+            names,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        ).labels(**labels)
+        self.itl = Histogram(
+            "pdmesh_inter_token_latency_seconds",
+            "Time between output chunks",
+            names,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        ).labels(**labels)
+
+    def outcome(self, outcome: str) -> None:
+        self.requests.labels(**self._labels, outcome=outcome).inc()
+
+    def abort(self, reason: str) -> None:
+        self.aborts.labels(**self._labels, reason=reason).inc()
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()

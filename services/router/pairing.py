@@ -1,0 +1,95 @@
+"""Pick a (prefill, decode) pair for a request: least loaded, layouts that match.
+
+The router counts its own in-flight requests per member; membership comes
+from the bootstrap's Watch. Stubs are created lazily per member epoch, so a
+restarted member (new epoch) never receives calls on the old one's channel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import grpc
+
+from libs.member.kv_member import layout_mismatch
+from libs.rpc.calls import open_channel
+from pdmesh.v1 import bootstrap_pb2 as bpb
+from pdmesh.v1 import common_pb2 as cpb
+from pdmesh.v1 import decode_pb2_grpc as dgrpc
+from pdmesh.v1 import prefill_pb2_grpc as pgrpc
+
+
+class NoPair(Exception):
+    """No registered prefill and decode with matching layouts: the mesh cannot serve."""
+
+
+@dataclass(eq=False)
+class Endpoint:
+    member: bpb.Member
+    channel: grpc.aio.Channel
+    stub: object
+    inflight: int = 0
+
+    @property
+    def ref(self) -> cpb.PeerRef:
+        return cpb.PeerRef(name=self.member.name, epoch=self.member.epoch)
+
+
+@dataclass
+class Pair:
+    prefill: Endpoint
+    decode: Endpoint
+
+    def __enter__(self) -> Pair:
+        self.prefill.inflight += 1
+        self.decode.inflight += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.prefill.inflight -= 1
+        self.decode.inflight -= 1
+
+
+@dataclass
+class Pairing:
+    endpoints: dict[str, Endpoint] = field(default_factory=dict)
+    retired: list[grpc.aio.Channel] = field(default_factory=list)
+
+    def on_join(self, member: bpb.Member) -> None:
+        if member.role not in (cpb.PREFILL, cpb.DECODE):
+            return
+        self.on_leave(member, "replaced")
+        channel = open_channel(member.address)
+        stub = (pgrpc.PrefillStub if member.role == cpb.PREFILL else dgrpc.DecodeStub)(channel)
+        self.endpoints[member.name] = Endpoint(member, channel, stub)
+
+    def on_leave(self, member: bpb.Member, reason: str) -> None:
+        old = self.endpoints.get(member.name)
+        if old is not None and old.member.epoch <= member.epoch:
+            del self.endpoints[member.name]
+            self.retired.append(old.channel)  # closed by the router's loop, not here
+
+    def members(self, role: int) -> list[Endpoint]:
+        return [e for e in self.endpoints.values() if e.member.role == role]
+
+    def pick(self) -> Pair:
+        """The least loaded compatible pair; ties broken by name for determinism."""
+        best: tuple[int, str, str] | None = None
+        pair: Pair | None = None
+        for p in self.members(cpb.PREFILL):
+            for d in self.members(cpb.DECODE):
+                if layout_mismatch(p.member.layout, d.member.layout) is not None:
+                    continue
+                score = (p.inflight + d.inflight, p.member.name, d.member.name)
+                if best is None or score < best:
+                    best, pair = score, Pair(p, d)
+        if pair is None:
+            raise NoPair("no registered prefill/decode pair with matching KV layouts")
+        return pair
+
+    def can_serve(self) -> tuple[bool, str]:
+        try:
+            self.pick()
+        except NoPair as e:
+            return False, str(e)
+        return True, "ok"
