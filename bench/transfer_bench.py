@@ -38,12 +38,16 @@ def _pool(num_pages: int, fill: float | None) -> torch.Tensor:
     return torch.full((num_pages, *PAGE_SHAPE), fill, dtype=torch.float32)
 
 
-def receiver(conn: Connection, num_pages: int, progress_thread: bool) -> None:
+def receiver(
+    conn: Connection, num_pages: int, progress_thread: bool, params: dict[str, str]
+) -> None:
     """Decode-side process: register a zeroed pool, publish it, idle until told to exit."""
     from libs.transfer import KvAgent
 
     pool = _pool(num_pages, 0.0)
-    agent = KvAgent("bench-decode", pool, PAGE_BYTES, progress_thread=progress_thread)
+    agent = KvAgent(
+        "bench-decode", pool, PAGE_BYTES, progress_thread=progress_thread, backend_params=params
+    )
     conn.send((agent.metadata(), agent.layout().to_dict()))
     while True:
         cmd, arg = conn.recv()
@@ -97,21 +101,26 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--out", default="bench-results/transfer.json")
     parser.add_argument("--no-progress-thread", action="store_true")
+    parser.add_argument("--ucx-param", action="append", default=[], metavar="KEY=VALUE",
+                        help="UCX backend init param, e.g. ucx_error_handling_mode=none")
     args = parser.parse_args()
     from libs.transfer import KvAgent, PoolLayout
 
     cases = {"1k-token prompt": 64, "4k-token prompt": 256, "64 MB": -(-64 * MB // PAGE_BYTES)}
     max_pages = 2 * max(cases.values())
     progress = not args.no_progress_thread
+    params = dict(kv.split("=", 1) for kv in args.ucx_param)
 
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
-    proc = ctx.Process(target=receiver, args=(child, max_pages, progress))
+    proc = ctx.Process(target=receiver, args=(child, max_pages, progress, params))
     proc.start()
     metadata, layout_dict = conn.recv()
     layout = PoolLayout.from_dict(layout_dict)
     pool = _pool(max_pages, None)
-    agent = KvAgent("bench-prefill", pool, PAGE_BYTES, progress_thread=progress)
+    agent = KvAgent(
+        "bench-prefill", pool, PAGE_BYTES, progress_thread=progress, backend_params=params
+    )
     peer = agent.add_peer(metadata)
 
     rows = []
@@ -149,6 +158,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
     result = {
         "page_bytes": PAGE_BYTES, "reps": args.reps, "progress_thread": progress,
+        "ucx_params": params,
         "torch_threads": torch.get_num_threads(), "ucx_env": env, "rows": rows,
     }
     out = Path(args.out)

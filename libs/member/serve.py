@@ -40,8 +40,7 @@ async def serve_member(
     role: int,
     role_name: str,
     make_service: Callable[[KvMember, Callable[[], int]], object],
-    register: Callable[[object], list],
-    service_names: list[str],
+    services: Callable[[object], list],
     run_extra: Callable[[object], Callable] | None = None,
 ) -> None:
     """Load the model (off the loop), start the server, register, and serve until cancelled."""
@@ -52,7 +51,7 @@ async def serve_member(
     )
     membership_ref: list[Membership] = []
     service = make_service(member, lambda: membership_ref[0].epoch if membership_ref else 0)
-    running = await start_server(args.host, args.port, register(service), service_names)
+    running = await start_server(args.host, args.port, services(service))
     address = f"{args.host}:{running.port}"
     membership = Membership(
         args.bootstrap,

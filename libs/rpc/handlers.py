@@ -18,6 +18,8 @@ from typing import Any
 
 import grpc
 
+from libs.rpc.server import Malformed
+
 log = logging.getLogger(__name__)
 
 
@@ -42,6 +44,10 @@ def contained(fn: Handler) -> Handler:
 
     @functools.wraps(fn)
     async def wrapper(self, request, context):
+        if isinstance(request, Malformed):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"malformed {request.type_name}: {request.error}"
+            )
         try:
             return await fn(self, request, context)
         except (grpc.aio.AbortError, grpc.aio.UsageError):

@@ -7,9 +7,9 @@ import logging
 
 import anyio
 
+from libs.rpc.handlers import contained
 from libs.rpc.server import start_server
 from pdmesh.v1 import bootstrap_pb2, common_pb2
-from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
 from pdmesh.v1 import common_pb2_grpc as cgrpc
 from services.bootstrap.registry import Registry
 from services.bootstrap.service import BootstrapService, expire_leases, lease_period
@@ -21,6 +21,7 @@ class BootstrapAdmin(cgrpc.AdminServicer):
     def __init__(self, registry: Registry):
         self.registry = registry
 
+    @contained
     async def Stats(self, request, context):
         return common_pb2.MemberStats(role=common_pb2.BOOTSTRAP, name="bootstrap", healthy=True)
 
@@ -40,12 +41,8 @@ async def serve(args: argparse.Namespace) -> None:
         args.host,
         args.port,
         [
-            lambda s: bgrpc.add_BootstrapServicer_to_server(service, s),
-            lambda s: cgrpc.add_AdminServicer_to_server(BootstrapAdmin(registry), s),
-        ],
-        [
-            bootstrap_pb2.DESCRIPTOR.services_by_name["Bootstrap"].full_name,
-            common_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+            (bootstrap_pb2.DESCRIPTOR.services_by_name["Bootstrap"], service),
+            (common_pb2.DESCRIPTOR.services_by_name["Admin"], BootstrapAdmin(registry)),
         ],
     )
     log.info("bootstrap serving on %s:%d (lease %.1fs)", args.host, running.port, args.lease)

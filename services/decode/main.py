@@ -6,9 +6,7 @@ import argparse
 
 from libs.member.serve import add_member_arguments, serve_member
 from pdmesh.v1 import common_pb2 as cpb
-from pdmesh.v1 import common_pb2_grpc as cgrpc
 from pdmesh.v1 import decode_pb2
-from pdmesh.v1 import decode_pb2_grpc as dgrpc
 from services.decode.service import DecodeConfig, DecodeService
 
 
@@ -26,12 +24,8 @@ async def serve(args: argparse.Namespace) -> None:
         "decode",
         lambda member, epoch: DecodeService(member, config, epoch),
         lambda svc: [
-            lambda s: dgrpc.add_DecodeServicer_to_server(svc, s),
-            lambda s: cgrpc.add_AdminServicer_to_server(svc, s),
-        ],
-        [
-            decode_pb2.DESCRIPTOR.services_by_name["Decode"].full_name,
-            cpb.DESCRIPTOR.services_by_name["Admin"].full_name,
+            (decode_pb2.DESCRIPTOR.services_by_name["Decode"], svc),
+            (cpb.DESCRIPTOR.services_by_name["Admin"], svc),
         ],
         run_extra=lambda svc: svc.run,
     )

@@ -6,9 +6,7 @@ import argparse
 
 from libs.member.serve import add_member_arguments, serve_member
 from pdmesh.v1 import common_pb2 as cpb
-from pdmesh.v1 import common_pb2_grpc as cgrpc
 from pdmesh.v1 import prefill_pb2
-from pdmesh.v1 import prefill_pb2_grpc as pgrpc
 from services.prefill.service import PrefillConfig, PrefillService
 
 
@@ -29,11 +27,7 @@ async def serve(args: argparse.Namespace) -> None:
         "prefill",
         lambda member, epoch: PrefillService(member, config, epoch),
         lambda svc: [
-            lambda s: pgrpc.add_PrefillServicer_to_server(svc, s),
-            lambda s: cgrpc.add_AdminServicer_to_server(svc, s),
-        ],
-        [
-            prefill_pb2.DESCRIPTOR.services_by_name["Prefill"].full_name,
-            cpb.DESCRIPTOR.services_by_name["Admin"].full_name,
+            (prefill_pb2.DESCRIPTOR.services_by_name["Prefill"], svc),
+            (cpb.DESCRIPTOR.services_by_name["Admin"], svc),
         ],
     )

@@ -15,9 +15,7 @@ from libs.rpc.membership import Membership
 from libs.rpc.server import start_server
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
-from pdmesh.v1 import common_pb2_grpc as cgrpc
 from pdmesh.v1 import generate_pb2
-from pdmesh.v1 import generate_pb2_grpc as ggrpc
 from services.router.backend import MeshBackend
 from services.router.core import MeshClient
 from services.router.grpc_api import GenerateService
@@ -69,12 +67,8 @@ async def serve(args: argparse.Namespace) -> None:
         args.host,
         args.grpc_port,
         [
-            lambda s: ggrpc.add_GenerateServicer_to_server(grpc_api, s),
-            lambda s: cgrpc.add_AdminServicer_to_server(grpc_api, s),
-        ],
-        [
-            generate_pb2.DESCRIPTOR.services_by_name["Generate"].full_name,
-            cpb.DESCRIPTOR.services_by_name["Admin"].full_name,
+            (generate_pb2.DESCRIPTOR.services_by_name["Generate"], grpc_api),
+            (cpb.DESCRIPTOR.services_by_name["Admin"], grpc_api),
         ],
     )
     http = _QuietServer(

@@ -16,7 +16,7 @@ from http import HTTPStatus
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -93,7 +93,11 @@ class OpenAIRoutes:
     ) -> Response:
         # Reading the whole body here also means the disconnect watcher that CompletionResponse
         # runs on receive() sees nothing but the disconnect.
-        req = parse(await read_json(request))
+        try:
+            body = await read_json(request)
+        except ClientDisconnect:  # gone while sending the body: nothing started, nobody to tell
+            return Response(status_code=499)
+        req = parse(body)
         self._require_known_model(req.model)
         req.request_id = new_completion_id(req.kind)  # one id for the client and the mesh
         return CompletionResponse(self.backend, req)

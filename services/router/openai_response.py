@@ -92,9 +92,6 @@ class CompletionResponse(Response):
         self.backend = backend
         self.req = req
         self.wire = CompletionWire.for_request(req)
-        self.status_code = 200
-        self.background = None
-        self.init_headers({"x-request-id": self.wire.id})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def respond() -> None:

@@ -109,7 +109,8 @@ def test_generate_stops_on_stop_token():
     free = generate(eng, prompt, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
     stop_at = free[3]
     first = free.index(stop_at)
-    out = generate(eng, prompt, SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[stop_at]))
+    params = SamplingParams(temperature=0, max_tokens=10, stop_token_ids=[stop_at])
+    out = generate(eng, prompt, params)
     assert out == free[: first + 1]
 
 

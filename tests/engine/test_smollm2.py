@@ -92,7 +92,8 @@ def test_batched_decode_matches_colocated(ours):
     """Four chat streams decoded together give each stream's single-stream greedy tokens."""
     eng = Engine(ours.config, ours.weights, KvPool(ours.config, 64, 16))
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    prompts = [ours.tokenizer.apply_chat_template([{"role": "user", "content": p}]) for p in PROMPTS]
+    chat = ours.tokenizer.apply_chat_template
+    prompts = [chat([{"role": "user", "content": p}]) for p in PROMPTS]
     solo = [generate(eng, ids, params) for ids in prompts]
     from libs.engine.engine import DecodeSeq
 

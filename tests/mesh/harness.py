@@ -1,0 +1,137 @@
+"""Start a real mesh (`pdmesh up` as a subprocess, real ports, real NIXL) for tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from pdmesh.status import collect
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Mesh:
+    process: subprocess.Popen
+    log_path: Path
+    http_port: int
+    grpc_port: int
+    bootstrap_port: int
+    model: str
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}/v1"
+
+    @property
+    def router(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.bootstrap_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def status(self) -> dict:
+        """What `pdmesh status --json` prints (collected in-process: a CLI start costs 2 s)."""
+        return anyio.run(collect, self.bootstrap)
+
+    def status_cli(self) -> dict:
+        out = subprocess.run(
+            [sys.executable, "-m", "pdmesh.cli", "status", "--json", "--bootstrap", self.bootstrap],
+            capture_output=True, text=True, timeout=60, check=True,
+        )
+        return json.loads(out.stdout)
+
+    def children(self) -> list[int]:
+        out = subprocess.run(
+            ["pgrep", "-P", str(self.process.pid)], capture_output=True, text=True
+        )
+        return [int(p) for p in out.stdout.split()]
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                raise
+
+
+def start_mesh(
+    tmp: Path, model: str = "tiny", prefill: int = 1, decode: int = 1, timeout: float = 180.0,
+    extra_env: dict[str, str] | None = None,
+) -> Mesh:
+    http, grpc_port, boot = free_port(), free_port(), free_port()
+    log_path = tmp / f"mesh-{model}-{prefill}x{decode}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    process = subprocess.Popen(
+        [
+            sys.executable, "-m", "pdmesh.cli", "up", "--model", model,
+            "--prefill", str(prefill), "--decode", str(decode),
+            "--http-port", str(http), "--grpc-port", str(grpc_port),
+            "--bootstrap-port", str(boot),
+        ],
+        stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env,
+    )
+    mesh = Mesh(process, log_path, http, grpc_port, boot, model)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"pdmesh up exited early:\n{mesh.log()[-4000:]}")
+        if _health(http) and _members_ready(mesh, prefill, decode):
+            return mesh
+        time.sleep(0.5)
+    mesh.stop()
+    raise TimeoutError(f"mesh not healthy in {timeout}s:\n{mesh.log()[-4000:]}")
+
+
+def _health(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _members_ready(mesh: Mesh, prefill: int, decode: int) -> bool:
+    try:
+        members = mesh.status()["members"]
+    except Exception:
+        return False
+    roles = [m["role"] for m in members if m["healthy"]]
+    return roles.count("prefill") >= prefill and roles.count("decode") >= decode
+
+
+def wait_quiet(mesh: Mesh, timeout: float = 5.0) -> dict:
+    """Wait until every member reports inflight 0 and no KV page used; returns the status."""
+    deadline = time.monotonic() + timeout
+    while True:
+        status = mesh.status()
+        busy = [
+            m for m in status["members"]
+            if m["role"] in ("prefill", "decode") and (m["inflight"] or m["kv_pages_used"])
+        ]
+        if not busy:
+            return status
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    raise AssertionError(f"mesh not quiescent after {timeout}s: {json.dumps(status)}")

@@ -1,0 +1,232 @@
+"""The whole mesh, really started (tiny model): OpenAI client, gRPC client, status,
+bad input on HTTP and gRPC, and a cancelled request that leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import anyio
+import grpc
+import httpx
+import openai
+import pytest
+
+from libs.rpc.calls import open_channel
+from pdmesh.client import Done, GenerateClient, Piece
+from pdmesh.v1 import bootstrap_pb2 as bpb
+from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
+from pdmesh.v1 import common_pb2 as cpb
+from pdmesh.v1 import decode_pb2 as dpb
+from pdmesh.v1 import decode_pb2_grpc as dgrpc
+from pdmesh.v1 import prefill_pb2 as ppb
+from pdmesh.v1 import prefill_pb2_grpc as pgrpc
+from tests.mesh.harness import wait_quiet
+
+
+def test_openai_client_streaming_and_not(tiny_mesh):
+    client = openai.OpenAI(base_url=tiny_mesh.base_url, api_key="unused")
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    reply = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage.completion_tokens >= 1
+    chunks = list(client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
+        temperature=0, stream=True,
+    ))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == reply.choices[0].message.content  # greedy: same text both ways
+    assert chunks[-1].choices[0].finish_reason == reply.choices[0].finish_reason
+
+
+def test_seeded_sampling_is_reproducible(tiny_mesh):
+    client = openai.OpenAI(base_url=tiny_mesh.base_url, api_key="unused")
+
+    def run(seed):
+        return client.completions.create(
+            model="tiny", prompt="Once upon a time", max_tokens=12, temperature=2.0,
+            top_p=1.0, seed=seed,
+        ).choices[0].text
+
+    assert run(7) == run(7)
+    assert len({run(s) for s in (1, 2, 3)}) > 1
+
+
+async def test_grpc_client_streams_tokens(tiny_mesh):
+    async with GenerateClient(tiny_mesh.router) as client:
+        assert await client.models() == ["tiny"]
+        items = [i async for i in client.generate(prompt="abc", max_tokens=5)]
+    assert isinstance(items[-1], Done)
+    assert items[-1].completion_tokens == sum(len(i.token_ids) for i in items[:-1])
+    assert all(isinstance(i, Piece) for i in items[:-1])
+
+
+async def test_cancelled_grpc_request_leaves_nothing_behind(tiny_mesh):
+    async with GenerateClient(tiny_mesh.router) as client:
+        got = 0
+        async for _item in client.generate(prompt="tell me " * 200, max_tokens=2000):
+            got += 1
+            if got == 3:
+                break  # leaving the loop cancels the RPC
+    status = await anyio.to_thread.run_sync(wait_quiet, tiny_mesh, 2.0)
+    decode = [m for m in status["members"] if m["role"] == "decode"][0]
+    assert decode["aborts_total"] >= 1
+
+
+def test_status_json_shape(tiny_mesh):
+    status = tiny_mesh.status_cli()
+    assert status["bootstrap"]["address"] == tiny_mesh.bootstrap
+    roles = sorted(m["role"] for m in status["members"])
+    assert roles == ["decode", "prefill", "router"]
+    for m in status["members"]:
+        for field in ("role", "name", "epoch", "address", "healthy", "inflight",
+                      "kv_pages_used", "kv_pages_total", "rooms", "transfer_failed_total",
+                      "aborts_total"):
+            assert field in m, field
+        assert m["healthy"] is True
+
+
+BAD_BODIES = [
+    ("/chat/completions", b"{not json", 400),
+    ("/chat/completions", {"model": "tiny", "messages": "hi"}, 400),
+    ("/chat/completions", {"model": "tiny", "messages": []}, 400),
+    ("/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404),
+    ("/chat/completions",
+     {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400),
+    ("/chat/completions",
+     {"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_tokens": "9"}, 400),
+    ("/completions", {"model": "tiny", "prompt": "word " * 9000}, 400),
+    ("/completions", {"model": "tiny", "prompt": 12}, 400),
+]
+
+
+async def test_bad_http_input_is_refused_and_disturbs_nothing(tiny_mesh):
+    async with httpx.AsyncClient(base_url=tiny_mesh.base_url, timeout=60) as http:
+        good_result = {}
+
+        async def good():
+            r = await http.post("/completions", json={
+                "model": "tiny", "prompt": "steady", "max_tokens": 40, "temperature": 0,
+            })
+            good_result["r"] = r
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(good)
+            for path, body, status in BAD_BODIES:
+                if isinstance(body, bytes):
+                    r = await http.post(path, content=body,
+                                        headers={"content-type": "application/json"})
+                else:
+                    r = await http.post(path, json=body)
+                assert r.status_code == status, (path, body, r.text)
+                error = r.json()["error"]
+                assert error["message"] and error["type"]
+        assert good_result["r"].status_code == 200
+        assert good_result["r"].json()["usage"]["completion_tokens"] >= 1
+
+
+async def test_garbage_and_out_of_order_grpc_messages_get_typed_status(tiny_mesh):
+    status = await anyio.to_thread.run_sync(tiny_mesh.status)
+    by_role = {m["role"]: m for m in status["members"]}
+    channels = {role: open_channel(m["address"]) for role, m in by_role.items()}
+    channels["bootstrap"] = open_channel(tiny_mesh.bootstrap)
+    try:
+        methods = {
+            "prefill": ["/pdmesh.v1.Prefill/Abort", "/pdmesh.v1.Admin/Stats"],
+            "decode": ["/pdmesh.v1.Decode/Abort"],
+            "bootstrap": ["/pdmesh.v1.Bootstrap/Register", "/pdmesh.v1.Bootstrap/KeepAlive"],
+            "router": ["/pdmesh.v1.Generate/ListModels"],
+        }
+        for role, names in methods.items():
+            for name in names:
+                call = channels[role].unary_unary(name)  # raw bytes in and out
+                with pytest.raises(grpc.aio.AioRpcError) as info:
+                    await call(b"\xff\xfe garbage \x00\x01", timeout=5)
+                assert info.value.code() in (
+                    grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT
+                ), name
+        for name in ("/pdmesh.v1.Prefill/Prefill",):
+            call = channels["prefill"].unary_stream(name)
+            with pytest.raises(grpc.aio.AioRpcError):
+                async for _ in call(b"\x0a\x03bad", timeout=5):
+                    pass
+
+        prefill = pgrpc.PrefillStub(channels["prefill"])
+        decode = dgrpc.DecodeStub(channels["decode"])
+        boot = bgrpc.BootstrapStub(channels["bootstrap"])
+        key = cpb.RoomKey(room=b"r" * 16, generation=1)
+        # A TransferInfo naming a decode that does not exist: refused, nothing created.
+        forged = ppb.PrefillRequest(
+            key=key, prompt_tokens=[1, 2, 3],
+            sampling=cpb.SamplingParams(top_p=1, max_tokens=4),
+            transfer=cpb.TransferInfo(key=key, decode=cpb.PeerRef(name="ghost", epoch=9),
+                                      dst_pages=[0]),
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in prefill.Prefill(forged, timeout=5):
+                pass
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        # The right decode but a stale epoch: refused too.
+        decode_ref = cpb.PeerRef(
+            name=by_role["decode"]["name"], epoch=by_role["decode"]["epoch"] - 1
+        )
+        forged.transfer.decode.CopyFrom(decode_ref)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in prefill.Prefill(forged, timeout=5):
+                pass
+        assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        # A room id of the wrong size.
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in decode.Generate(dpb.DecodeRequest(
+                key=cpb.RoomKey(room=b"short", generation=1), prompt_tokens=3,
+                sampling=cpb.SamplingParams(top_p=1, max_tokens=4),
+            ), timeout=5):
+                pass
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # An abort for a room nobody has: acknowledged, harmless.
+        ack = await decode.Abort(cpb.Abort(key=key, reason="client_disconnect"), timeout=5)
+        assert not ack.known and ack.released
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await decode.Abort(cpb.Abort(key=key, reason="because"), timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # KeepAlive for an epoch never registered.
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await boot.KeepAlive(bpb.KeepAliveRequest(
+                member=cpb.PeerRef(name="decode-0", epoch=1)), timeout=5)
+        assert info.value.code() == grpc.StatusCode.NOT_FOUND
+        # A registration without what a decode needs.
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await boot.Register(bpb.RegisterRequest(member=bpb.Member(
+                role=cpb.DECODE, name="x", address="127.0.0.1:1")), timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        for channel in channels.values():
+            await channel.close()
+    # Still serving, and nothing leaked.
+    async with GenerateClient(tiny_mesh.router) as client:
+        items = [i async for i in client.generate(prompt="still here", max_tokens=3)]
+    assert isinstance(items[-1], Done)
+    await anyio.to_thread.run_sync(wait_quiet, tiny_mesh, 2.0)
+
+
+def test_openai_client_disconnect_aborts_on_every_service(tiny_mesh):
+    before = {m["name"]: m["aborts_total"] for m in tiny_mesh.status()["members"]}
+    with httpx.Client(base_url=tiny_mesh.base_url, timeout=30) as http:
+        with http.stream("POST", "/chat/completions", json={
+            "model": "tiny", "messages": [{"role": "user", "content": "go " * 300}],
+            "max_tokens": 3000, "stream": True,
+        }) as r:
+            lines = 0
+            for line in r.iter_lines():
+                if line.startswith("data:"):
+                    lines += 1
+                if lines >= 3:
+                    break
+    t0 = time.monotonic()
+    status = wait_quiet(tiny_mesh, 2.0)
+    assert time.monotonic() - t0 < 2.0
+    after = {m["name"]: m["aborts_total"] for m in status["members"]}
+    decode = [m["name"] for m in status["members"] if m["role"] == "decode"][0]
+    assert after[decode] > before[decode], json.dumps(status)
