@@ -41,7 +41,7 @@ def _pool(num_pages: int, fill: float | None) -> torch.Tensor:
 def receiver(
     conn: Connection, num_pages: int, progress_thread: bool, params: dict[str, str]
 ) -> None:
-    """Decode-side process: register a zeroed pool, publish it, idle until told to exit."""
+    """Decode-side process: register a zeroed pool, publish it, serve until told to exit."""
     from libs.transfer import KvAgent
 
     pool = _pool(num_pages, 0.0)
@@ -50,6 +50,11 @@ def receiver(
     )
     conn.send((agent.metadata(), agent.layout().to_dict()))
     while True:
+        # Like a decode service's loop: drain notifications (which also drives UCX progress
+        # when there is no progress thread) about every millisecond between commands.
+        if not conn.poll(0.001):
+            agent.get_notifs()
+            continue
         cmd, arg = conn.recv()
         if cmd == "check":  # (dst_pages, expected sum) spot check of the landed bytes
             dst, = arg
@@ -100,7 +105,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--out", default="bench-results/transfer.json")
-    parser.add_argument("--no-progress-thread", action="store_true")
+    parser.add_argument("--progress-thread", action="store_true",
+                        help="enable NIXL's progress thread (busy-polls one core)")
     parser.add_argument("--ucx-param", action="append", default=[], metavar="KEY=VALUE",
                         help="UCX backend init param, e.g. ucx_error_handling_mode=none")
     args = parser.parse_args()
@@ -108,7 +114,7 @@ def main() -> None:
 
     cases = {"1k-token prompt": 64, "4k-token prompt": 256, "64 MB": -(-64 * MB // PAGE_BYTES)}
     max_pages = 2 * max(cases.values())
-    progress = not args.no_progress_thread
+    progress = args.progress_thread
     params = dict(kv.split("=", 1) for kv in args.ucx_param)
 
     ctx = mp.get_context("spawn")

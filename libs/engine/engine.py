@@ -1,9 +1,11 @@
 """Step functions over a paged KV cache: chunked prefill and batched decode.
 
 No threads, no queues: a scheduler calls ``prefill`` and ``decode_step`` and owns the pages.
-Both steps run the same forward over a batch ``[B, T]`` of tokens: prefill is B=1 with T tokens,
-decode is B sequences with T=1. Each layer writes its new K/V into the pool, then gathers the
-sequence's pages into a padded ``[B, Hkv, L, D]`` and attends under a length/causal mask.
+Both steps run the same forward over a batch ``[B, T]`` of tokens: prefill packs its chunks into
+B=1 with T tokens, decode is B sequences with T=1. Each layer writes its new K/V into the pool
+with one index_copy_, gathers every attended key position with one index_select into
+``[B, Hkv, L, D]``, and attends under a causal / same-sequence / length mask. Index math is done
+once per step: a layer's rows are layer 0's plus a constant.
 """
 
 from __future__ import annotations
@@ -26,6 +28,13 @@ class DecodeSeq:
     token: int
 
 
+@dataclass
+class PrefillSeq:
+    tokens: Sequence[int]  # this chunk's tokens, at positions start_pos..
+    pages: Sequence[int]  # cover positions 0..start_pos + len(tokens) - 1
+    start_pos: int = 0
+
+
 class Engine:
     def __init__(self, config: ModelConfig, weights: Weights, pool: KvPool) -> None:
         if pool.device != weights.device or pool.dtype != weights.dtype:
@@ -36,7 +45,6 @@ class Engine:
         self.device = weights.device
         self.cos, self.sin = rope_tables(config, self.device, weights.dtype)
 
-    @torch.inference_mode()
     def prefill(
         self, tokens: Sequence[int], pages: Sequence[int], start_pos: int = 0
     ) -> torch.Tensor:
@@ -45,36 +53,59 @@ class Engine:
         ``pages`` cover the sequence from position 0, so repeated calls with consecutive chunks
         attend to the KV that earlier chunks wrote and equal one call over the whole prompt.
         """
-        n = len(tokens)
-        if n == 0:
-            raise ValueError("prefill needs at least one token")
-        end = start_pos + n
-        self._check_pages(pages, end)
-        ps = self.pool.page_size
-        dev = self.device
-        pos = torch.arange(start_pos, end, device=dev)
-        page_row = torch.tensor(list(pages[: self.pool.pages_for(end)]), device=dev)
-        write_pages = page_row[pos // ps][None]
-        # Query i (position start_pos+i) sees keys 0..start_pos+i.
-        mask = torch.arange(end, device=dev)[None, :] <= pos[:, None]
-        logits = self._forward(
-            tokens=torch.tensor([list(tokens)], device=dev),
-            positions=pos[None],
-            page_table=page_row[None],
-            write_pages=write_pages,
-            write_offs=(pos % ps)[None],
+        return self.prefill_batch([PrefillSeq(tokens, pages, start_pos)])[0]
+
+    @torch.inference_mode()
+    def prefill_batch(self, seqs: Sequence[PrefillSeq]) -> torch.Tensor:
+        """Prefill several sequences (or chunks) in one forward; logits [N, vocab] of each last.
+
+        The chunks are packed into one row of tokens with a block-diagonal causal mask, so the
+        weights stream through the cores once for the whole batch. Attention over the pack is
+        quadratic in its total length: keep a pack to a few thousand tokens.
+        """
+        if not seqs:
+            raise ValueError("prefill_batch needs at least one sequence")
+        ps, dev = self.pool.page_size, self.device
+        q_pos, k_pos, q_owner, k_owner, rows, last = [], [], [], [], [], []
+        n_total = 0
+        for i, s in enumerate(seqs):
+            n = len(s.tokens)
+            if n == 0:
+                raise ValueError("prefill needs at least one token")
+            end = s.start_pos + n
+            self._check_pages(s.pages, end)
+            page_row = torch.tensor(list(s.pages[: self.pool.pages_for(end)]), device=dev)
+            q_pos.append(torch.arange(s.start_pos, end, device=dev))
+            k_pos.append(torch.arange(end, device=dev))
+            q_owner.append(torch.full((n,), i, device=dev))
+            k_owner.append(torch.full((end,), i, device=dev))
+            rows.append(page_row)
+            n_total += n
+            last.append(n_total - 1)
+        qp, kp = torch.cat(q_pos), torch.cat(k_pos)
+        # A query sees the keys of its own sequence at positions <= its own.
+        same_seq = torch.cat(q_owner)[:, None] == torch.cat(k_owner)[None, :]
+        mask = same_seq & (kp[None, :] <= qp[:, None])
+        key_pages = torch.cat([r[k // ps] for r, k in zip(rows, k_pos, strict=True)])
+        write_pages = torch.cat([r[q // ps] for r, q in zip(rows, q_pos, strict=True)])
+        tokens = torch.tensor([t for s in seqs for t in s.tokens], device=dev)
+        return self._forward(
+            tokens=tokens[None],
+            positions=qp[None],
+            write_pages=write_pages[None],
+            write_offs=(qp % ps)[None],
+            key_pages=key_pages[None],
+            key_offs=(kp % ps)[None],
             mask=mask[None, None],
-            kv_len=end,
+            out_index=torch.tensor(last, device=dev),
         )
-        return logits[0]
 
     @torch.inference_mode()
     def decode_step(self, seqs: Sequence[DecodeSeq]) -> torch.Tensor:
         """One token for each of B sequences in one forward; logits [B, vocab] (fp32)."""
         if not seqs:
             raise ValueError("decode_step needs at least one sequence")
-        ps = self.pool.page_size
-        dev = self.device
+        ps, dev = self.pool.page_size, self.device
         n_pages = [self.pool.pages_for(s.pos + 1) for s in seqs]
         for s in seqs:
             self._check_pages(s.pages, s.pos + 1)
@@ -83,16 +114,16 @@ class Engine:
         pos_list = [s.pos for s in seqs]
         pos = torch.tensor(pos_list, device=dev)
         write_pages = torch.tensor([s.pages[s.pos // ps] for s in seqs], device=dev)
-        kv_len = max(pos_list) + 1
-        mask = torch.arange(kv_len, device=dev)[None, :] <= pos[:, None]  # [B, L]
+        j = torch.arange(max(pos_list) + 1, device=dev)  # key positions, padded to the longest
+        mask = j[None, :] <= pos[:, None]  # [B, L]
         return self._forward(
             tokens=torch.tensor([[s.token] for s in seqs], device=dev),
             positions=pos[:, None],
-            page_table=torch.tensor(table, device=dev),
             write_pages=write_pages[:, None],
             write_offs=(pos % ps)[:, None],
+            key_pages=torch.tensor(table, device=dev)[:, j // ps],  # pad slots hit page 0: masked
+            key_offs=(j % ps)[None].expand(len(seqs), -1),
             mask=mask[:, None, None, :],
-            kv_len=kv_len,
         )
 
     def _check_pages(self, pages: Sequence[int], num_tokens: int) -> None:
@@ -102,21 +133,39 @@ class Engine:
         if num_tokens > self.config.max_position:
             raise ValueError(f"position {num_tokens - 1} beyond max_position")
 
+    def _rows(self, pages: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+        """Layer-0 row indices into ``pool.tensor.view(-1, head_dim)`` of (page, slot) pairs.
+
+        pages/offs: [...]; result: [2, Hkv, ...] over (K/V, kv head). A later layer's rows are
+        these plus ``layer * 2 * Hkv * page_size``, so a step builds its indices once.
+        """
+        c, ps = self.config, self.pool.page_size
+        kvh = torch.arange(2 * c.n_kv_heads, device=self.device).view(2, c.n_kv_heads) * ps
+        base = pages * (c.n_layers * 2 * c.n_kv_heads * ps) + offs
+        return kvh.view(2, c.n_kv_heads, *([1] * base.dim())) + base
+
     def _forward(
         self,
         tokens: torch.Tensor,  # [B, T]
         positions: torch.Tensor,  # [B, T]
-        page_table: torch.Tensor,  # [B, P] pages of each sequence (padded)
         write_pages: torch.Tensor,  # [B, T] page of each new token
         write_offs: torch.Tensor,  # [B, T] slot in that page
-        mask: torch.Tensor,  # [B, 1, T, kv_len] bool, True = attend
-        kv_len: int,
+        key_pages: torch.Tensor,  # [B, L] page of each key position attended to
+        key_offs: torch.Tensor,  # [B, L] slot in that page
+        mask: torch.Tensor,  # [B, 1, T, L] bool, True = attend
+        out_index: torch.Tensor | None = None,  # B == 1: token indices whose logits to return
     ) -> torch.Tensor:
         c, w = self.config, self.weights
         b, t = tokens.shape
-        h, hkv, d = c.n_heads, c.n_kv_heads, c.head_dim
-        flat_table = page_table.reshape(-1)
-        n_pages = page_table.shape[1]
+        h, hkv, d, ps = c.n_heads, c.n_kv_heads, c.head_dim, self.pool.page_size
+        kv_len = key_pages.shape[1]
+        # The cache as rows of head_dim: writes and reads are one index_copy_/index_select each.
+        cache = self.pool.tensor.view(-1, d)
+        layer_stride = 2 * hkv * ps
+        # [B, T, 2, Hkv] rows for the new K/V, matching torch.stack([k, v], 2)'s layout.
+        write_rows = self._rows(write_pages, write_offs).permute(2, 3, 0, 1).reshape(-1)
+        # [2, B, Hkv, L] rows of every key position, straight into the attention layout.
+        read_rows = self._rows(key_pages, key_offs).transpose(1, 2).reshape(-1)
         cos = self.cos[positions][:, :, None, :]  # [B, T, 1, D]
         sin = self.sin[positions][:, :, None, :]
         x = w.embed[tokens]  # [B, T, dim]
@@ -125,15 +174,28 @@ class Engine:
             q, k, v = qkv.split([c.q_dim, c.kv_dim, c.kv_dim], -1)
             q = apply_rope(q.view(b, t, h, d), cos, sin)
             k = apply_rope(k.view(b, t, hkv, d), cos, sin)
-            kv_cache = self.pool.layer_views[layer]  # [P, 2, Hkv, S, D]
-            kv_cache[write_pages, :, :, write_offs] = torch.stack([k, v.view(b, t, hkv, d)], 2)
-            # Gather the sequences' pages: [B, P, 2, Hkv, S, D] -> [2, B, Hkv, P*S, D].
-            kv = kv_cache.index_select(0, flat_table).view(b, n_pages, 2, hkv, -1, d)
-            kv = kv.permute(2, 0, 3, 1, 4, 5).reshape(2, b, hkv, -1, d)[:, :, :, :kv_len]
-            attn = F.scaled_dot_product_attention(
-                q.transpose(1, 2), kv[0], kv[1], attn_mask=mask, enable_gqa=True
-            )
-            x = x + F.linear(attn.transpose(1, 2).reshape(b, t, c.q_dim), lw.wo)
+            off = layer * layer_stride
+            new_kv = torch.stack([k, v.view(b, t, hkv, d)], 2).view(-1, d)
+            cache.index_copy_(0, write_rows + off, new_kv)
+            kv = cache.index_select(0, read_rows + off).view(2, b, hkv, kv_len, d)
+            x = x + F.linear(_attend(q, kv[0], kv[1], mask), lw.wo)
             x = x + swiglu_mlp(rms_norm(x, lw.ffn_norm, c.norm_eps), lw)
-        x = rms_norm(x[:, -1], w.norm, c.norm_eps)  # only the last position's logits are used
+        x = x[0, out_index] if out_index is not None else x[:, -1]  # only these logits are used
+        x = rms_norm(x, w.norm, c.norm_eps)
         return F.linear(x, w.lm_head).float()
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """q [B, T, H, D], k/v [B, Hkv, L, D], mask [B, 1, T, L] -> [B, T, H * D].
+
+    One query per sequence (decode) uses grouped matmuls: on CPU that is several times faster
+    than SDPA with a boolean mask. Prefill chunks use SDPA, which never materialises T x L x H.
+    """
+    b, t, h, d = q.shape
+    hkv = k.shape[1]
+    if t == 1:
+        scores = (q.view(b, hkv, h // hkv, d) @ k.transpose(-1, -2)) * d**-0.5
+        scores = scores.masked_fill(~mask.view(b, 1, 1, -1), float("-inf"))
+        return (scores.softmax(-1) @ v).view(b, 1, h * d)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=True)
+    return out.transpose(1, 2).reshape(b, t, h * d)

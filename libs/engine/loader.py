@@ -30,7 +30,7 @@ RANDOM_SEED = 1234
 class LoadedModel:
     config: ModelConfig
     weights: Weights
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None only for random specs when SmolLM2's GGUF is absent
     name: str
 
 
@@ -55,7 +55,11 @@ def load_model(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype
         config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
         config = _replace_name(config, spec)
         weights = random_weights(config, RANDOM_SEED)
-        tok_src = smollm2_gguf_path()
+        try:
+            tok_src = smollm2_gguf_path()
+        except FileNotFoundError:  # e.g. a GPU box without the package: weights still work
+            logger.warning("SmolLM2 GGUF not found: %s has no tokenizer", spec)
+            tok_src = None
     elif spec.endswith(".gguf"):
         config, weights, tok_src = _load_gguf(Path(spec))
     elif Path(spec, "config.json").exists():
@@ -63,7 +67,7 @@ def load_model(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype
     else:
         raise ValueError(f"unknown model spec {spec!r}")
     weights = weights.to(device, dtype)
-    tokenizer = Tokenizer.load(tok_src, config.eos_token_ids)
+    tokenizer = None if tok_src is None else Tokenizer.load(tok_src, config.eos_token_ids)
     n_params = sum(t.numel() for lw in weights.layers for t in vars(lw).values())
     n_params += weights.embed.numel() + weights.norm.numel()
     logger.info(

@@ -61,7 +61,16 @@ class Transfer:
 
 
 class KvAgent:
-    """Registers a page-major pool once and WRITEs pages into peers' pools."""
+    """Registers a page-major pool once and WRITEs pages into peers' pools.
+
+    ``progress_thread`` defaults to off: NIXL's progress thread busy-polls a core, which on
+    a small host halved both transfer and memcpy throughput in bench/transfer_bench.py.
+    Without it, UCX progresses when the owner calls in, so both sides must keep polling:
+    the writer through :func:`libs.transfer.wait.wait`, the reader through
+    :meth:`get_notifs` (about every millisecond while it expects pages).
+    ``backend_params`` are UCX init params (e.g. ``ucx_error_handling_mode``; the default
+    "peer" mode is what turns a vanished peer into ERR instead of a hang).
+    """
 
     def __init__(
         self,
@@ -70,7 +79,7 @@ class KvAgent:
         page_bytes: int,
         *,
         backend_params: dict[str, str] | None = None,
-        progress_thread: bool = True,
+        progress_thread: bool = False,
     ) -> None:
         if not pool_tensor.is_contiguous():
             raise LayoutMismatch("pool tensor must be contiguous")

@@ -64,7 +64,7 @@ def _hf_greedy(model, ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:
             first_logits = logits if first_logits is None else first_logits
             tok = int(logits.argmax())
             out.append(tok)
-            res = model(torch.tensor([[tok]]), past_key_values=res.past_key_values, use_cache=True)
+            res = model(torch.tensor([[tok]]), cache=res.cache, use_cache=True)
     return out, first_logits
 
 

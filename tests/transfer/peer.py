@@ -22,26 +22,27 @@ def serve(conn: Connection, name: str, num_pages: int, page_bytes: int) -> None:
     pool = torch.full((num_pages, page_bytes), POISON, dtype=torch.uint8)
     agent = KvAgent(name, pool, page_bytes)
     conn.send((agent.metadata(), agent.layout().to_dict()))
+    pending: list[tuple[str, bytes]] = []
     while True:
+        # Poll notifications between commands, as a decode loop does; with no NIXL progress
+        # thread this is also what drives UCX on the receiving side.
+        if not conn.poll(0.001):
+            pending.extend(agent.get_notifs())
+            continue
         cmd, arg = conn.recv()
         if cmd == "notifs":
-            conn.send(_await_notifs(agent, timeout=float(arg)))
+            end = time.monotonic() + float(arg)
+            while not pending and time.monotonic() < end:
+                pending.extend(agent.get_notifs())
+                time.sleep(0.001)
+            conn.send(pending)
+            pending = []
         elif cmd == "pool":
             conn.send(pool.clone())
         elif cmd == "exit":
             agent.close()
             conn.send("bye")
             return
-
-
-def _await_notifs(agent: Any, timeout: float) -> list[tuple[str, bytes]]:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = agent.get_notifs()
-        if got:
-            return got
-        time.sleep(0.001)
-    return []
 
 
 class Peer:

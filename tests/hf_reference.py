@@ -1,0 +1,45 @@
+"""The independent reference: transformers' own Llama, loaded by transformers' own GGUF reader.
+
+A wrong un-permute or a wrong norm on our side makes our tokens differ from these.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from libs.engine.loader import smollm2_gguf_path
+
+
+def load_hf_reference():
+    path = smollm2_gguf_path()
+    if importlib.util.find_spec("accelerate") is not None:
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True
+        ).eval()
+    # from_pretrained(gguf_file=) insists on accelerate; this is the same transformers loader.
+    from transformers import AutoConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    model = LlamaForCausalLM(cfg)
+    state = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to embed_tokens
+    model.tie_weights()
+    return model.float().eval()
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    """n greedy tokens with transformers' KV cache, no stopping."""
+    out: list[int] = []
+    with torch.no_grad():
+        res = model(torch.tensor([ids]), use_cache=True)
+        for _ in range(n):
+            tok = int(res.logits[0, -1].argmax())
+            out.append(tok)
+            res = model(torch.tensor([[tok]]), past_key_values=res.past_key_values, use_cache=True)
+    return out
