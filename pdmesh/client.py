@@ -70,6 +70,7 @@ class GenerateClient:
         top_p: float = 1.0,
         seed: int | None = None,
         stop: list[str] | None = None,
+        ignore_eos: bool = False,
     ) -> AsyncIterator[Piece | Done]:
         """Yields Pieces then one Done; a failure raises grpc.aio.AioRpcError."""
         if (prompt is None) == (messages is None):
@@ -80,6 +81,7 @@ class GenerateClient:
             temperature=temperature,
             top_p=top_p,
             stop=stop or [],
+            ignore_eos=ignore_eos,
         )
         if seed is not None:
             request.seed = seed

@@ -74,6 +74,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         self.counters = Counters()
         self.batcher = Batcher(member.engine, member.loaded.tokenizer, config.max_batch)
         self.unknown_notifs = 0
+        self._kv_expected = anyio.Event()
         member.on_peer_lost.append(self.on_peer_lost)
 
     async def run(self) -> None:
@@ -125,6 +126,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             writer=request.prefill,
         )
         self.slots[key] = slot
+        self._kv_expected.set()
         return slot
 
     # ---- the request -------------------------------------------------------------
@@ -209,11 +211,21 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
     # ---- KV arrival --------------------------------------------------------------
 
     async def _poll_notifications(self) -> None:
-        """The one owner of NIXL notifications on this decode."""
+        """The one owner of NIXL notifications on this decode.
+
+        Polls (which also drives UCX progress) only while some room awaits its
+        KV or a quarantine awaits its fence; an idle decode costs no CPU here.
+        """
         while True:
+            if not self._awaiting_kv():
+                self._kv_expected = anyio.Event()
+                await self._kv_expected.wait()
             for _peer, payload in self.member.agent.get_notifs():
                 self._on_notification(payload)
             await anyio.sleep(self.config.notif_poll_seconds)
+
+    def _awaiting_kv(self) -> bool:
+        return bool(self.quarantine) or any(s.ready is None for s in self.slots.values())
 
     def _on_notification(self, payload: bytes) -> None:
         """KvReady: every page of a room landed. Contained: a bad message is dropped."""

@@ -71,6 +71,7 @@ class MeshBackend:
             seed=req.seed if req.seed is not None else secrets.randbits(63),
             max_tokens=min(req.max_tokens, context - prompt_len),
             stop=req.stop,
+            ignore_eos=req.ignore_eos,
         )
 
     async def stream(self, req: CompletionRequest) -> AsyncIterator[TokenEvent | FinishEvent]:

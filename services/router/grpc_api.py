@@ -53,6 +53,7 @@ def to_completion_request(request: gpb.GenerateRequest) -> CompletionRequest:
         stop=list(request.stop),
         stream=True,
         include_usage=True,
+        ignore_eos=request.ignore_eos,
     )
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.mesh.harness import start_mesh
+from pdmesh.localmesh import start_mesh
 
 
 @pytest.fixture(scope="session")

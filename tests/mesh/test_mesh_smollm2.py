@@ -14,7 +14,7 @@ from libs.engine.loader import load_model
 from libs.engine.sampling import SamplingParams
 from pdmesh.client import Done, GenerateClient
 from tests.hf_reference import hf_greedy, load_hf_reference
-from tests.mesh.harness import wait_quiet
+from pdmesh.localmesh import wait_quiet
 
 pytestmark = pytest.mark.slow
 

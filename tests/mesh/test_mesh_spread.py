@@ -6,7 +6,7 @@ import anyio
 import pytest
 
 from pdmesh.client import Done, GenerateClient
-from tests.mesh.harness import start_mesh, wait_quiet
+from pdmesh.localmesh import start_mesh, wait_quiet
 
 
 @pytest.fixture(scope="module")

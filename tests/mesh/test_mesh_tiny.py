@@ -21,7 +21,7 @@ from pdmesh.v1 import decode_pb2 as dpb
 from pdmesh.v1 import decode_pb2_grpc as dgrpc
 from pdmesh.v1 import prefill_pb2 as ppb
 from pdmesh.v1 import prefill_pb2_grpc as pgrpc
-from tests.mesh.harness import wait_quiet
+from pdmesh.localmesh import wait_quiet
 
 
 def test_openai_client_streaming_and_not(tiny_mesh):

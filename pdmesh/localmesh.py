@@ -1,4 +1,5 @@
-"""Start a real mesh (`pdmesh up` as a subprocess, real ports, real NIXL) for tests."""
+"""Start a real local mesh (`pdmesh up` as a subprocess, real ports, real NIXL): for tests,
+benchmarks and load generators."""
 
 from __future__ import annotations
 
