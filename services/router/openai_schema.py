@@ -38,8 +38,8 @@ class CompletionRequest:
     stream: bool
     include_usage: bool  # stream_options.include_usage
     n: int = 1  # only 1 is supported: anything else is rejected with a 400
-    request_id: str | None = None
-    ignore_eos: bool = False  # not OpenAI's: set by the gRPC API for benchmarks  # the id the client sees (chatcmpl-..., cmpl-...), for tracing
+    request_id: str | None = None  # the id the client sees (chatcmpl-..., cmpl-...), for tracing
+    ignore_eos: bool = False  # not OpenAI's: set by the gRPC API for benchmarks
 
 
 class RequestError(Exception):

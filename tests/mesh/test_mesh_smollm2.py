@@ -13,8 +13,8 @@ from libs.engine.kvpool import KvPool
 from libs.engine.loader import load_model
 from libs.engine.sampling import SamplingParams
 from pdmesh.client import Done, GenerateClient
-from tests.hf_reference import hf_greedy, load_hf_reference
 from pdmesh.localmesh import wait_quiet
+from tests.hf_reference import hf_greedy, load_hf_reference
 
 pytestmark = pytest.mark.slow
 

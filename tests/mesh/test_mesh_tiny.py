@@ -14,6 +14,7 @@ import pytest
 
 from libs.rpc.calls import open_channel
 from pdmesh.client import Done, GenerateClient, Piece
+from pdmesh.localmesh import wait_quiet
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
 from pdmesh.v1 import common_pb2 as cpb
@@ -21,7 +22,6 @@ from pdmesh.v1 import decode_pb2 as dpb
 from pdmesh.v1 import decode_pb2_grpc as dgrpc
 from pdmesh.v1 import prefill_pb2 as ppb
 from pdmesh.v1 import prefill_pb2_grpc as pgrpc
-from pdmesh.localmesh import wait_quiet
 
 
 def test_openai_client_streaming_and_not(tiny_mesh):
