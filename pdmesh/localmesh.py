@@ -78,14 +78,14 @@ class Mesh:
 
 def start_mesh(
     tmp: Path, model: str = "tiny", prefill: int = 1, decode: int = 1, timeout: float = 180.0,
-    extra_env: dict[str, str] | None = None,
+    extra_env: dict[str, str] | None = None, device: str = "cpu",
 ) -> Mesh:
     http, grpc_port, boot = free_port(), free_port(), free_port()
     log_path = tmp / f"mesh-{model}-{prefill}x{decode}.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     process = subprocess.Popen(
         [
-            sys.executable, "-m", "pdmesh.cli", "up", "--model", model,
+            sys.executable, "-m", "pdmesh.cli", "up", "--model", model, "--device", device,
             "--prefill", str(prefill), "--decode", str(decode),
             "--http-port", str(http), "--grpc-port", str(grpc_port),
             "--bootstrap-port", str(boot),

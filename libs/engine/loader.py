@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,8 +56,8 @@ def load_model(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype
         config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
         config = _replace_name(config, spec)
         weights = random_weights(config, RANDOM_SEED)
-        try:
-            tok_src = smollm2_gguf_path()
+        try:  # PDMESH_TOKENIZER: a tokenizer directory, where the GGUF is not installed
+            tok_src = os.environ.get("PDMESH_TOKENIZER") or smollm2_gguf_path()
         except FileNotFoundError:  # e.g. a GPU box without the package: weights still work
             logger.warning("SmolLM2 GGUF not found: %s has no tokenizer", spec)
             tok_src = None

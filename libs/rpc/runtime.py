@@ -42,5 +42,15 @@ def run_service(service: str, main: Callable[[], Awaitable[None]]) -> int:
             await main()
             tg.cancel_scope.cancel()
 
-    anyio.run(root, backend="asyncio", backend_options={"use_uvloop": True})
+    anyio.run(root, backend="asyncio", backend_options={"use_uvloop": _have_uvloop()})
     return 0
+
+
+def _have_uvloop() -> bool:
+    """uvloop when installed (always, via pyproject); plain asyncio otherwise."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        log.warning("uvloop not installed: running on the plain asyncio loop")
+        return False
+    return True

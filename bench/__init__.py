@@ -1,0 +1,1 @@
+"""Benchmarks (run from the repository root): mesh_bench, transfer_bench."""
