@@ -22,6 +22,7 @@ import anyio
 import grpc
 
 from libs.engine.kvpool import PoolExhausted
+from libs.engine.sampling import SamplingParams
 from libs.kvpoll import DuplicateRoom, FailureCause, Room, RoomKey, RoomState, RoomTable, TableFull
 from libs.member.kv_member import KvMember
 from libs.member.stats import Counters, RecentKeys
@@ -85,7 +86,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
 
     # ---- admission ---------------------------------------------------------------
 
-    def _admit(self, request: dpb.DecodeRequest, budget: float) -> Slot:
+    def _admit(self, request: dpb.DecodeRequest, budget: float) -> tuple[Slot, SamplingParams]:
         key = key_from_proto(request.key)
         config, pool = self.member.loaded.config, self.member.pool
         params = sampling_from_proto(request.sampling)
@@ -127,7 +128,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         )
         self.slots[key] = slot
         self._kv_expected.set()
-        return slot
+        return slot, params
 
     # ---- the request -------------------------------------------------------------
 
@@ -135,8 +136,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
     async def Generate(self, request, context):
         self.counters.requests_total += 1
         budget = context.time_remaining() or self.config.default_budget
-        slot = self._admit(request, budget)
-        params = sampling_from_proto(request.sampling)
+        slot, params = self._admit(request, budget)
         seq: Sequence | None = None
         cause: FailureCause | None = None
         try:

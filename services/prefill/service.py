@@ -130,8 +130,8 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
     async def Prefill(self, request, context):
         self.counters.requests_total += 1
         budget = context.time_remaining() or self.config.default_budget
-        job, tokens = self._admit(request, budget)
         sampling = sampling_from_proto(request.sampling)
+        job, tokens = self._admit(request, budget)
         cause: FailureCause | None = None
         try:
             with job.scope, anyio.fail_after(budget):

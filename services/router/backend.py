@@ -23,7 +23,6 @@ from services.router.openai_schema import (
     RequestError,
     TokenEvent,
 )
-from services.router.pairing import NoPair
 
 
 class MeshBackend:
@@ -91,11 +90,6 @@ class MeshBackend:
 
     async def run(self, prompt: list[int], sampling: cpb.SamplingParams):
         """The mesh request with metrics; shared by the HTTP and gRPC front ends."""
-        try:
-            pair_check = self.mesh.pairing.pick()
-        except NoPair as e:
-            raise RequestError(503, str(e), type="service_unavailable") from None
-        del pair_check
         started = last = time.perf_counter()
         first = True
         self.metrics.inflight.inc()

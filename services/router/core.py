@@ -29,7 +29,7 @@ from libs.rpc.calls import unary
 from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import decode_pb2 as dpb
 from pdmesh.v1 import prefill_pb2 as ppb
-from services.router.pairing import Pair, Pairing
+from services.router.pairing import NoPair, Pair, Pairing
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,11 @@ class MeshClient:
         budget = budget or self.default_budget
         deadline = time.monotonic() + budget
         key = self.minter.mint()
-        with self.pairing.pick() as pair:
+        try:
+            pair = self.pairing.pick()
+        except NoPair as e:
+            raise MeshError(str(e), grpc.StatusCode.UNAVAILABLE) from None
+        with pair:
             legs = _Legs(pair, key)
             reason = "internal"
             try:
