@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="run the whole mesh (supervisor)")
     up.add_argument("--model", default="smollm2", help="smollm2 | tiny | PATH (default smollm2)")
     up.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
+    up.add_argument(
+        "--dtype", default="float32", choices=["float32", "bfloat16"],
+        help="model and KV dtype (default float32)",
+    )
     up.add_argument("--prefill", type=int, default=1, help="prefill processes (default 1)")
     up.add_argument("--decode", type=int, default=1, help="decode processes (default 1)")
     up.add_argument("--host", default="127.0.0.1", help="address every service binds")
@@ -102,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         from pdmesh.supervisor import Plan, supervise
 
         plan = Plan(
-            model=args.model, device=args.device, prefill=args.prefill, decode=args.decode,
+            model=args.model, device=args.device, dtype=args.dtype,
+            prefill=args.prefill, decode=args.decode,
             host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             bootstrap_port=args.bootstrap_port,
         )

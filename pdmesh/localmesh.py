@@ -78,7 +78,7 @@ class Mesh:
 
 def start_mesh(
     tmp: Path, model: str = "tiny", prefill: int = 1, decode: int = 1, timeout: float = 180.0,
-    extra_env: dict[str, str] | None = None, device: str = "cpu",
+    extra_env: dict[str, str] | None = None, device: str = "cpu", dtype: str = "float32",
 ) -> Mesh:
     http, grpc_port, boot = free_port(), free_port(), free_port()
     log_path = tmp / f"mesh-{model}-{prefill}x{decode}.log"
@@ -86,6 +86,7 @@ def start_mesh(
     process = subprocess.Popen(
         [
             sys.executable, "-m", "pdmesh.cli", "up", "--model", model, "--device", device,
+            "--dtype", dtype,
             "--prefill", str(prefill), "--decode", str(decode),
             "--http-port", str(http), "--grpc-port", str(grpc_port),
             "--bootstrap-port", str(boot),

@@ -38,6 +38,7 @@ class Child:
 class Plan:
     model: str = "smollm2"
     device: str = "cpu"
+    dtype: str = "float32"
     prefill: int = 1
     decode: int = 1
     host: str = "127.0.0.1"
@@ -53,7 +54,7 @@ class Plan:
     def children(self) -> list[Child]:
         base = [sys.executable, "-m", "pdmesh.cli"]
         common = ["--bootstrap", self.bootstrap, "--host", self.host]
-        member = [*common, "--model", self.model, "--device", self.device]
+        member = [*common, "--model", self.model, "--device", self.device, "--dtype", self.dtype]
         out = [Child("bootstrap", [*base, "bootstrap", "--host", self.host,
                                    "--port", str(self.bootstrap_port)])]
         for i in range(self.prefill):

@@ -15,6 +15,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from libs.engine.engine import Engine
 from libs.engine.kvpool import KvPool
 from libs.engine.loader import LoadedModel, load_model
@@ -74,9 +76,10 @@ class KvMember:
 
     @classmethod
     def create(
-        cls, role: int, name: str, model: str, device: str, num_pages: int, page_size: int
+        cls, role: int, name: str, model: str, device: str, num_pages: int, page_size: int,
+        dtype: str = "float32",
     ) -> KvMember:
-        loaded = load_model(model, device=device)
+        loaded = load_model(model, device=device, dtype=getattr(torch, dtype))
         pool = KvPool(
             loaded.config, num_pages, page_size, device=device, dtype=loaded.weights.dtype
         )
