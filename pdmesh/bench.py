@@ -22,8 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="length of the long prompt for time to first token (1024)")
     parser.add_argument("--transfer-reps", type=int, default=10,
                         help="repetitions per KV transfer case (10)")
+    parser.add_argument("--transfer-runs", type=int, default=2,
+                        help="runs of the transfer bench per memcpy variant; best kept (2)")
     parser.add_argument("--skip-transfer", action="store_true", help="no KV transfer bench")
     parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
+    parser.add_argument("--skip-engine", action="store_true",
+                        help="no in-process engine diagnostics (the time breakdown)")
     parser.add_argument("--skip-mesh", action="store_true", help="no mesh (baseline only)")
     parser.add_argument("--prefill", type=int, default=1, help="mesh prefill processes (1)")
     parser.add_argument("--decode", type=int, default=1, help="mesh decode processes (1)")
@@ -36,9 +40,10 @@ def to_argv(args: argparse.Namespace) -> list[str]:
         "--out", args.out, "--model", args.model, "--tokens", str(args.tokens),
         "--streams", str(args.streams), "--reps", str(args.reps),
         "--prompt-tokens", str(args.prompt_tokens), "--transfer-reps", str(args.transfer_reps),
+        "--transfer-runs", str(args.transfer_runs),
         "--prefill", str(args.prefill), "--decode", str(args.decode),
     ]
-    for flag in ("skip_transfer", "skip_hf", "skip_mesh"):
+    for flag in ("skip_transfer", "skip_hf", "skip_engine", "skip_mesh"):
         if getattr(args, flag):
             argv.append("--" + flag.replace("_", "-"))
     for kv in args.mesh_env:

@@ -60,7 +60,8 @@ class DecodeConfig:
     max_rooms: int = 256
     max_batch: int = 64
     default_budget: float = 300.0
-    notif_poll_seconds: float = 0.0005
+    notif_poll_min: float = 0.0005
+    notif_poll_max: float = 0.008
 
 
 class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
@@ -216,13 +217,21 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         Polls (which also drives UCX progress) only while some room awaits its
         KV or a quarantine awaits its fence; an idle decode costs no CPU here.
         """
+        delay = self.config.notif_poll_min
         while True:
             if not self._awaiting_kv():
                 self._kv_expected = anyio.Event()
                 await self._kv_expected.wait()
-            for _peer, payload in self.member.agent.get_notifs():
+                delay = self.config.notif_poll_min
+            notifs = self.member.agent.get_notifs()
+            for _peer, payload in notifs:
                 self._on_notification(payload)
-            await anyio.sleep(self.config.notif_poll_seconds)
+            # Each poll runs UCX progress (not free): back off while nothing arrives,
+            # so a long prefill elsewhere does not cost this process a core.
+            delay = self.config.notif_poll_min if notifs else min(
+                delay * 2, self.config.notif_poll_max
+            )
+            await anyio.sleep(delay)
 
     def _awaiting_kv(self) -> bool:
         return bool(self.quarantine) or any(s.ready is None for s in self.slots.values())

@@ -16,11 +16,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--chunk-tokens", type=int, default=256,
         help="prompt tokens per prefill chunk; KV is written after each (default 256)",
     )
+    parser.add_argument(
+        "--max-batch-tokens", type=int, default=1024,
+        help="prompt tokens of all requests packed into one forward pass (default 1024)",
+    )
     parser.add_argument("--max-rooms", type=int, default=256, help="bound on concurrent rooms")
 
 
 async def serve(args: argparse.Namespace) -> None:
-    config = PrefillConfig(chunk_tokens=args.chunk_tokens, max_rooms=args.max_rooms)
+    config = PrefillConfig(
+        chunk_tokens=args.chunk_tokens,
+        max_batch_tokens=max(args.max_batch_tokens, args.chunk_tokens),
+        max_rooms=args.max_rooms,
+    )
     await serve_member(
         args,
         cpb.PREFILL,
@@ -30,4 +38,5 @@ async def serve(args: argparse.Namespace) -> None:
             (prefill_pb2.DESCRIPTOR.services_by_name["Prefill"], svc),
             (cpb.DESCRIPTOR.services_by_name["Admin"], svc),
         ],
+        run_extra=lambda svc: svc.scheduler.run,
     )

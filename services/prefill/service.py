@@ -42,6 +42,7 @@ from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import common_pb2_grpc as cgrpc
 from pdmesh.v1 import prefill_pb2 as ppb
 from pdmesh.v1 import prefill_pb2_grpc as pgrpc
+from services.prefill.scheduler import PrefillScheduler
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class Job:
 @dataclass
 class PrefillConfig:
     chunk_tokens: int = 256
+    max_batch_tokens: int = 1024
     max_rooms: int = 256
     default_budget: float = 300.0
 
@@ -80,7 +82,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         self.table = RoomTable(config.max_rooms)
         self.jobs: dict[RoomKey, Job] = {}
         self.aborted = RecentKeys()
-        self.compute = anyio.CapacityLimiter(1)
+        self.scheduler = PrefillScheduler(member.engine, config.max_batch_tokens)
         self.counters = Counters()
         member.on_peer_lost.append(self.on_peer_lost)
 
@@ -169,9 +171,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         started = time.perf_counter()
         for start in range(0, n, self.config.chunk_tokens):
             chunk = tokens[start : start + self.config.chunk_tokens]
-            logits = await anyio.to_thread.run_sync(
-                member.engine.prefill, chunk, job.pages, start, limiter=self.compute
-            )
+            logits = await self.scheduler.prefill(chunk, job.pages, start)
             done = start + len(chunk)
             if done < n:  # the last page always waits for the final, notifying write
                 full = done // page_size

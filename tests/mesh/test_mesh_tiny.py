@@ -230,3 +230,27 @@ def test_openai_client_disconnect_aborts_on_every_service(tiny_mesh):
     after = {m["name"]: m["aborts_total"] for m in status["members"]}
     decode = [m["name"] for m in status["members"] if m["role"] == "decode"][0]
     assert after[decode] > before[decode], json.dumps(status)
+
+
+async def test_every_server_serves_health_and_reflection(tiny_mesh):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    status = await anyio.to_thread.run_sync(tiny_mesh.status)
+    addresses = [tiny_mesh.bootstrap] + [m["address"] for m in status["members"]]
+    for address in addresses:
+        channel = open_channel(address)
+        try:
+            check = await health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=5
+            )
+            assert check.status == health_pb2.HealthCheckResponse.SERVING, address
+            request = reflection_pb2.ServerReflectionRequest(list_services="")
+            async for reply in reflection_pb2_grpc.ServerReflectionStub(
+                channel
+            ).ServerReflectionInfo(iter([request]), timeout=5):
+                names = {s.name for s in reply.list_services_response.service}
+                break
+            assert "grpc.health.v1.Health" in names and "pdmesh.v1.Admin" in names, names
+        finally:
+            await channel.close()

@@ -1,0 +1,93 @@
+"""Pack the pending prefill chunks of every admitted request into one forward pass.
+
+Requests arrive one by one, but the weights are the cost: sixteen short prompts
+prefilled together stream the weights once instead of sixteen times. Each
+request submits its next chunk and waits for that chunk's logits; the one
+scheduler task takes chunks in arrival order up to a token budget and runs them
+on the compute thread with `Engine.prefill_batch`.
+
+A chunk that is already computing always finishes before its caller returns,
+even when the caller is cancelled: its KV lands in the caller's pages, which
+must not be freed (and reused) under a running forward pass.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import anyio
+import torch
+
+from libs.engine.engine import Engine, PrefillSeq
+
+log = logging.getLogger(__name__)
+
+FINISH_SECONDS = 60.0  # bound on waiting for a started chunk after cancellation
+
+
+@dataclass(eq=False)
+class Chunk:
+    seq: PrefillSeq
+    done: anyio.Event = field(default_factory=anyio.Event)
+    logits: torch.Tensor | None = None
+    error: BaseException | None = None
+
+
+class PrefillScheduler:
+    def __init__(self, engine: Engine, max_batch_tokens: int = 1024):
+        self.engine = engine
+        self.max_batch_tokens = max_batch_tokens
+        self.pending: list[Chunk] = []
+        self._wake = anyio.Event()
+        self.forwards = 0
+
+    async def prefill(self, tokens: list[int], pages: list[int], start: int) -> torch.Tensor:
+        """The logits of the chunk's last token, once its KV is in `pages`."""
+        chunk = Chunk(PrefillSeq(tokens, pages, start))
+        self.pending.append(chunk)
+        self._wake.set()
+        try:
+            await chunk.done.wait()
+        except BaseException:
+            if chunk in self.pending:  # never started: just withdraw it
+                self.pending.remove(chunk)
+            else:
+                with anyio.move_on_after(FINISH_SECONDS, shield=True):
+                    await chunk.done.wait()
+            raise
+        if chunk.error is not None:
+            raise chunk.error
+        return chunk.logits
+
+    async def run(self) -> None:
+        """Run forever: the one owner of the prefill compute thread."""
+        while True:
+            while not self.pending:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+            batch = self._take()
+            try:
+                logits = await anyio.to_thread.run_sync(
+                    self.engine.prefill_batch, [c.seq for c in batch]
+                )
+                for chunk, row in zip(batch, logits, strict=True):
+                    chunk.logits = row
+            except Exception as e:  # contained: these chunks fail, the loop lives on
+                log.exception("prefill forward of %d chunks failed", len(batch))
+                for chunk in batch:
+                    chunk.error = e
+            finally:
+                self.forwards += 1
+                for chunk in batch:
+                    chunk.done.set()
+
+    def _take(self) -> list[Chunk]:
+        batch, total = [], 0
+        while self.pending:
+            n = len(self.pending[0].seq.tokens)
+            if batch and total + n > self.max_batch_tokens:
+                break
+            batch.append(self.pending.pop(0))
+            total += n
+        return batch
