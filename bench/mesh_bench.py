@@ -151,7 +151,7 @@ def run_hf(args, tok) -> dict:
     from tests.hf_reference import load_hf_reference
 
     t0 = time.perf_counter()
-    model = load_hf_reference()
+    model = load_hf_reference().to(getattr(torch, args.hf_dtype))
     log(f"transformers model loaded in {time.perf_counter() - t0:.1f}s")
     pad = tok.hf.pad_token_id if tok.hf.pad_token_id is not None else tok.eos_token_ids[0]
     single = [tok.apply_chat_template(chat(0))]
@@ -305,7 +305,7 @@ def run_mesh(args, tok, out_dir: Path) -> dict:
     env = dict(kv.split("=", 1) for kv in args.mesh_env)
     t0 = time.perf_counter()
     mesh = start_mesh(out_dir, model=args.model, prefill=args.prefill, decode=args.decode,
-                      extra_env=env, timeout=300.0)
+                      extra_env=env, timeout=300.0, dtype=args.dtype)
     res: dict = {"single": [], "multi": [], "ttft": [], "startup_s": time.perf_counter() - t0,
                  "log": str(mesh.log_path)}
     log(f"mesh up in {res['startup_s']:.1f}s (router {mesh.router}, log {mesh.log_path})")

@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-engine", action="store_true",
                         help="no in-process engine diagnostics (the time breakdown)")
     parser.add_argument("--skip-mesh", action="store_true", help="no mesh (baseline only)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the mesh's dtype (default float32)")
+    parser.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the transformers baseline's dtype (default float32)")
     parser.add_argument("--prefill", type=int, default=1, help="mesh prefill processes (1)")
     parser.add_argument("--decode", type=int, default=1, help="mesh decode processes (1)")
     parser.add_argument("--mesh-env", action="append", default=[], metavar="KEY=VALUE",
@@ -41,7 +45,8 @@ def to_argv(args: argparse.Namespace) -> list[str]:
         "--streams", str(args.streams), "--reps", str(args.reps),
         "--prompt-tokens", str(args.prompt_tokens), "--transfer-reps", str(args.transfer_reps),
         "--transfer-runs", str(args.transfer_runs),
-        "--prefill", str(args.prefill), "--decode", str(args.decode),
+        "--prefill", str(args.prefill), "--decode", str(args.decode), "--dtype", args.dtype,
+        "--hf-dtype", args.hf_dtype,
     ]
     for flag in ("skip_transfer", "skip_hf", "skip_engine", "skip_mesh"):
         if getattr(args, flag):
