@@ -34,6 +34,7 @@ up: install
 	$(VENV)/bin/pdmesh up
 
 test: install-dev
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 protos: install

@@ -79,6 +79,24 @@ def load_model(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype
     return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=config.name)
 
 
+def load_tokenizer(spec: str) -> tuple[ModelConfig, Tokenizer]:
+    """Config and tokenizer only, for the router: GGUF metadata is read, no weights."""
+    if spec == "smollm2" or spec.endswith(".gguf"):
+        import gguf
+
+        path = smollm2_gguf_path() if spec == "smollm2" else Path(spec)
+        config = _gguf_config(gguf.GGUFReader(str(path)), path)
+        return config, Tokenizer.load(path, config.eos_token_ids)
+    if Path(spec, "config.json").exists():
+        loaded = load_model(spec)  # HF directories: small enough to read whole
+        return loaded.config, loaded.tokenizer
+    if spec in ("tiny", "random:smollm2", "random:tiny"):
+        config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
+        source = os.environ.get("PDMESH_TOKENIZER") or smollm2_gguf_path()
+        return _replace_name(config, spec), Tokenizer.load(source, config.eos_token_ids)
+    raise ValueError(f"unknown model spec {spec!r}")
+
+
 def _replace_name(config: ModelConfig, name: str) -> ModelConfig:
     from dataclasses import replace
 
@@ -91,10 +109,8 @@ def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _load_gguf(path: Path) -> tuple[ModelConfig, Weights, Path]:
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
+def _gguf_config(reader, path: Path) -> ModelConfig:
+    """The model's shape from GGUF metadata alone (no tensor is read)."""
     fields = reader.fields
 
     def meta(key: str, default=None):
@@ -106,13 +122,10 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, Weights, Path]:
         raise ValueError(f"{path}: unsupported architecture {arch!r}")
     n_heads = int(meta("llama.attention.head_count"))
     dim = int(meta("llama.embedding_length"))
-    tensors = {}
-    for t in reader.tensors:
-        arr = gguf.quants.dequantize(t.data, t.tensor_type)
-        tensors[t.name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # copy: memmap is RO
-    vocab = int(meta("llama.vocab_size", tensors["token_embd.weight"].shape[0]))
+    names = {t.name for t in reader.tensors}
+    vocab = meta("llama.vocab_size") or len(fields["tokenizer.ggml.tokens"].data)
     eos = meta("tokenizer.ggml.eos_token_id", 2)
-    config = ModelConfig(
+    return ModelConfig(
         name=str(meta("general.basename", path.stem)),
         n_layers=int(meta("llama.block_count")),
         dim=dim,
@@ -120,14 +133,26 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, Weights, Path]:
         n_kv_heads=int(meta("llama.attention.head_count_kv", n_heads)),
         head_dim=int(meta("llama.attention.key_length", dim // n_heads)),
         ffn_dim=int(meta("llama.feed_forward_length")),
-        vocab_size=vocab,
+        vocab_size=int(vocab),
         rope_theta=float(meta("llama.rope.freq_base", 10000.0)),
         norm_eps=float(meta("llama.attention.layer_norm_rms_epsilon", 1e-5)),
         max_position=int(meta("llama.context_length", 2048)),
-        tie_embeddings="output.weight" not in tensors,
+        tie_embeddings="output.weight" not in names,
         bos_token_id=int(meta("tokenizer.ggml.bos_token_id", 1)),
         eos_token_ids=(int(eos),),
     )
+
+
+def _load_gguf(path: Path) -> tuple[ModelConfig, Weights, Path]:
+    import gguf
+
+    reader = gguf.GGUFReader(str(path))
+    config = _gguf_config(reader, path)
+    tensors = {}
+    for t in reader.tensors:
+        arr = gguf.quants.dequantize(t.data, t.tensor_type)
+        tensors[t.name] = torch.from_numpy(np.array(arr, dtype=np.float32))  # copy: memmap is RO
+    assert tensors["token_embd.weight"].shape[0] == config.vocab_size
     layers = []
     for i in range(config.n_layers):
         def g(name: str, i: int = i) -> torch.Tensor:

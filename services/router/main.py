@@ -6,11 +6,12 @@ import argparse
 import contextlib
 import logging
 import os
+from pathlib import Path
 
 import anyio
 import uvicorn
 
-from libs.engine.loader import load_model
+from libs.engine.loader import load_tokenizer
 from libs.rpc.membership import Membership
 from libs.rpc.server import start_server
 from pdmesh.v1 import bootstrap_pb2 as bpb
@@ -50,14 +51,16 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-def load_tokenizer(spec: str):
-    loaded = load_model(spec)
-    return loaded.config, loaded.tokenizer, loaded.name
+def served_model_id(spec: str) -> str:
+    """The id clients pass as `model`: the spec for built-ins, the file or folder name else."""
+    path = Path(spec)
+    return path.stem if path.suffix == ".gguf" else path.name if path.is_dir() else spec
 
 
 async def serve(args: argparse.Namespace) -> None:
     name = args.name or f"router-{os.getpid()}"
-    config, tokenizer, model_id = await anyio.to_thread.run_sync(load_tokenizer, args.model)
+    config, tokenizer = await anyio.to_thread.run_sync(load_tokenizer, args.model)
+    model_id = served_model_id(args.model)
     pairing = Pairing()
     mesh = MeshClient(pairing, default_budget=args.request_timeout)
     metrics = RouterMetrics(name)
