@@ -20,6 +20,7 @@ from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
 from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import decode_pb2 as dpb
 from pdmesh.v1 import decode_pb2_grpc as dgrpc
+from pdmesh.v1 import generate_pb2 as gpb
 from pdmesh.v1 import prefill_pb2 as ppb
 from pdmesh.v1 import prefill_pb2_grpc as pgrpc
 
@@ -133,25 +134,28 @@ async def test_garbage_and_out_of_order_grpc_messages_get_typed_status(tiny_mesh
     channels = {role: open_channel(m["address"]) for role, m in by_role.items()}
     channels["bootstrap"] = open_channel(tiny_mesh.bootstrap)
     try:
-        methods = {
-            "prefill": ["/pdmesh.v1.Prefill/Abort", "/pdmesh.v1.Admin/Stats"],
-            "decode": ["/pdmesh.v1.Decode/Abort"],
-            "bootstrap": ["/pdmesh.v1.Bootstrap/Register", "/pdmesh.v1.Bootstrap/KeepAlive"],
-            "router": ["/pdmesh.v1.Generate/ListModels"],
+        services = {
+            "prefill": ["Prefill", "Admin"],
+            "decode": ["Decode", "Admin"],
+            "bootstrap": ["Bootstrap", "Admin"],
+            "router": ["Generate", "Admin"],
         }
-        for role, names in methods.items():
-            for name in names:
-                call = channels[role].unary_unary(name)  # raw bytes in and out
-                with pytest.raises(grpc.aio.AioRpcError) as info:
-                    await call(b"\xff\xfe garbage \x00\x01", timeout=5)
-                assert info.value.code() in (
-                    grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT
-                ), name
-        for name in ("/pdmesh.v1.Prefill/Prefill",):
-            call = channels["prefill"].unary_stream(name)
-            with pytest.raises(grpc.aio.AioRpcError):
-                async for _ in call(b"\x0a\x03bad", timeout=5):
-                    pass
+        descriptors = {
+            "Prefill": ppb.DESCRIPTOR, "Decode": dpb.DESCRIPTOR, "Bootstrap": bpb.DESCRIPTOR,
+            "Generate": gpb.DESCRIPTOR, "Admin": cpb.DESCRIPTOR,
+        }
+        for role, names in services.items():
+            for service in names:
+                for method in descriptors[service].services_by_name[service].methods:
+                    path = f"/pdmesh.v1.{service}/{method.name}"
+                    garbage = b"\xff\xfe garbage \x00\x01"
+                    with pytest.raises(grpc.aio.AioRpcError) as info:
+                        if method.server_streaming:
+                            async for _ in channels[role].unary_stream(path)(garbage, timeout=5):
+                                pass
+                        else:
+                            await channels[role].unary_unary(path)(garbage, timeout=5)
+                    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, path
 
         prefill = pgrpc.PrefillStub(channels["prefill"])
         decode = dgrpc.DecodeStub(channels["decode"])
