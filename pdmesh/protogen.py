@@ -38,9 +38,14 @@ def generate(out_dir: Path) -> None:
     init.write_text('"""Generated from protos/ by `python -m pdmesh.protogen`: do not edit."""\n')
 
 
-def main() -> int:
-    generate(ROOT)
-    print(f"generated {len(proto_files())} protos into pdmesh/v1/")
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", type=Path, default=ROOT, help="output root (default: the repo)")
+    args = parser.parse_args(argv)
+    generate(args.out)
+    print(f"generated {len(proto_files())} protos into {args.out / 'pdmesh' / 'v1'}")
     return 0
 
 
