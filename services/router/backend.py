@@ -39,6 +39,7 @@ class MeshBackend:
         self.tokenizer = tokenizer
         self.mesh = mesh
         self.metrics = metrics
+        self.inflight = 0  # requests not yet finished, for Admin.Stats
 
     def model_ids(self) -> list[str]:
         return [self.model_id]
@@ -92,6 +93,7 @@ class MeshBackend:
         """The mesh request with metrics; shared by the HTTP and gRPC front ends."""
         started = last = time.perf_counter()
         first = True
+        self.inflight += 1
         self.metrics.inflight.inc()
         outcome = "client_disconnect"
         try:
@@ -112,6 +114,7 @@ class MeshBackend:
                 raise RequestError(503, f"the mesh failed: {e}", type="service_unavailable") from e
             raise
         finally:
+            self.inflight -= 1
             self.metrics.inflight.dec()
             self.metrics.outcome(outcome)
             if outcome != "ok":

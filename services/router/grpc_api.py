@@ -106,6 +106,6 @@ class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
             role=cpb.ROUTER,
             name=self.name,
             healthy=self.backend.is_healthy()[0],
-            inflight=int(self.backend.metrics.inflight._value.get()),
+            inflight=self.backend.inflight,
             aborts_total=sum(self.backend.mesh.aborts.values()),
         )
