@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import anyio
 import grpc
 
-from libs.engine.kvpool import PoolExhausted
 from libs.engine.sampling import SamplingParams
-from libs.kvpoll import DuplicateRoom, FailureCause, Room, RoomKey, RoomState, RoomTable, TableFull
+from libs.kvpoll import FailureCause, Room, RoomKey, RoomState, RoomTable
+from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember
 from libs.member.stats import Counters, RecentKeys
 from libs.member.wire import key_from_proto, sampling_from_proto
@@ -106,20 +106,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 f"prefill {request.prefill.name!r} epoch {request.prefill.epoch} "
                 "is not a live peer",
             )
-        if key in self.aborted:
-            raise RpcError(grpc.StatusCode.ABORTED, "room was aborted")
-        try:
-            room = self.table.create(key, deadline=time.monotonic() + budget)
-        except DuplicateRoom as e:
-            raise RpcError(grpc.StatusCode.ALREADY_EXISTS, str(e)) from e
-        except TableFull as e:
-            raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
-        try:
-            pages = pool.alloc(pool.pages_for(total))
-        except PoolExhausted as e:
-            room.fail(FailureCause.REJECTED, time.monotonic())
-            self.table.remove(key)
-            raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
+        room, pages = admit_room(self.table, pool, self.aborted, key, pool.pages_for(total), budget)
         slot = Slot(
             key=key,
             room=room,

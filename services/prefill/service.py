@@ -19,17 +19,15 @@ from dataclasses import dataclass, field
 import anyio
 import grpc
 
-from libs.engine.kvpool import PoolExhausted
 from libs.engine.sampling import sample
 from libs.kvpoll import (
-    DuplicateRoom,
     FailureCause,
     Room,
     RoomKey,
     RoomState,
     RoomTable,
-    TableFull,
 )
+from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember, Peer
 from libs.member.stats import Counters, RecentKeys
 from libs.member.wire import check_tokens, key_from_proto, sampling_from_proto
@@ -108,20 +106,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             check_pages(peer.layout, list(info.dst_pages), "destination")
         except LayoutMismatch as e:
             raise invalid(str(e)) from e
-        if key in self.aborted:
-            raise RpcError(grpc.StatusCode.ABORTED, "room was aborted")
-        try:
-            room = self.table.create(key, deadline=time.monotonic() + budget)
-        except DuplicateRoom as e:
-            raise RpcError(grpc.StatusCode.ALREADY_EXISTS, str(e)) from e
-        except TableFull as e:
-            raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
-        try:
-            pages = self.member.pool.alloc(n_pages)
-        except PoolExhausted as e:
-            room.fail(FailureCause.REJECTED, time.monotonic())
-            self.table.remove(key)
-            raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
+        room, pages = admit_room(self.table, self.member.pool, self.aborted, key, n_pages, budget)
         job = Job(key=key, room=room, pages=pages, peer=peer)
         self.jobs[key] = job
         return job, tokens

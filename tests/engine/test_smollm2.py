@@ -6,16 +6,15 @@ so a wrong un-permute or RoPE convention on our side fails here.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
 from libs.engine.engine import Engine
 from libs.engine.generate import generate
 from libs.engine.kvpool import KvPool
-from libs.engine.loader import load_model, smollm2_gguf_path
+from libs.engine.loader import load_model
 from libs.engine.sampling import SamplingParams
+from tests.hf_reference import load_hf_reference
 
 pytestmark = pytest.mark.slow
 
@@ -35,24 +34,7 @@ def ours():
 
 @pytest.fixture(scope="module")
 def reference():
-    path = smollm2_gguf_path()
-    if importlib.util.find_spec("accelerate") is not None:
-        from transformers import AutoModelForCausalLM
-
-        return AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32, local_files_only=True
-        ).eval()
-    # from_pretrained(gguf_file=) insists on accelerate; this is the same transformers loader.
-    from transformers import AutoConfig, LlamaForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    model = LlamaForCausalLM(cfg)
-    state = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}  # tied to embed_tokens
-    model.tie_weights()
-    return model.float().eval()
+    return load_hf_reference()
 
 
 def _hf_greedy(model, ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:

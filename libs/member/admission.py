@@ -1,0 +1,39 @@
+"""Admit a room: the one place where a request gets per-room state and KV pages.
+
+Shared by prefill and decode so both refuse the same way: an aborted key is
+ABORTED, a duplicate is ALREADY_EXISTS, a full table or pool is
+RESOURCE_EXHAUSTED, and a refusal leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from libs.engine.kvpool import KvPool, PoolExhausted
+from libs.kvpoll import DuplicateRoom, FailureCause, Room, RoomKey, RoomTable, TableFull
+from libs.member.stats import RecentKeys
+from libs.rpc.handlers import RpcError
+
+
+def admit_room(
+    table: RoomTable, pool: KvPool, aborted: RecentKeys, key: RoomKey, n_pages: int,
+    budget: float,
+) -> tuple[Room, list[int]]:
+    """Create the room (deadline `budget` seconds away) and allocate `n_pages` for it."""
+    if key in aborted:
+        raise RpcError(grpc.StatusCode.ABORTED, "room was aborted")
+    try:
+        room = table.create(key, deadline=time.monotonic() + budget)
+    except DuplicateRoom as e:
+        raise RpcError(grpc.StatusCode.ALREADY_EXISTS, str(e)) from e
+    except TableFull as e:
+        raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
+    try:
+        pages = pool.alloc(n_pages)
+    except PoolExhausted as e:
+        room.fail(FailureCause.REJECTED, time.monotonic())
+        table.remove(key)
+        raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
+    return room, pages
