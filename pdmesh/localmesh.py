@@ -92,6 +92,7 @@ def start_mesh(
             "--bootstrap-port", str(boot),
         ],
         stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env,
+        preexec_fn=_die_with_parent,
     )
     mesh = Mesh(process, log_path, http, grpc_port, boot, model)
     deadline = time.monotonic() + timeout
@@ -103,6 +104,15 @@ def start_mesh(
         time.sleep(0.5)
     mesh.stop()
     raise TimeoutError(f"mesh not healthy in {timeout}s:\n{mesh.log()[-4000:]}")
+
+
+def _die_with_parent() -> None:
+    """The mesh gets SIGTERM if the process that started it dies (a crashed test run
+    must not leave a mesh behind); the supervisor then stops its own children."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _health(port: int) -> bool:
