@@ -18,7 +18,8 @@ pdmesh: a prefill/decode-disaggregated LLM serving mesh.
 
   pdmesh up                  run bootstrap, prefill, decode and router (Ctrl-C stops all)
   pdmesh bootstrap|prefill|decode|router   one service in the foreground
-  pdmesh status [--json]     members and their live counters
+  pdmesh status [--json]     members, live counters and pinned rooms
+  pdmesh debug dump MEMBER   every thread's and asyncio task's stack of a live service
   pdmesh generate PROMPT     stream a completion through the router's gRPC API
   pdmesh bench               latency and throughput against a running mesh
 """
@@ -77,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="one JSON object (see contract.md)")
     status.add_argument("--bootstrap", default="127.0.0.1:50050", help="bootstrap address")
 
+    debug = sub.add_parser("debug", help="evidence from a live service")
+    debug_sub = debug.add_subparsers(dest="debug_command", required=True, metavar="WHAT")
+    dump = debug_sub.add_parser(
+        "dump", help="every thread's and asyncio task's stack of one member"
+    )
+    dump.add_argument("member", help="member name as `pdmesh status` shows it, or bootstrap")
+    dump.add_argument("--bootstrap", default="127.0.0.1:50050", help="bootstrap address")
+    dump.add_argument("--json", action="store_true", help="the DumpReply as JSON")
+
     gen = sub.add_parser("generate", help="stream a completion through the gRPC API")
     gen.add_argument("prompt", help="the user message (chat) or raw prompt (--raw)")
     gen.add_argument("--router", default="127.0.0.1:50051", help="router gRPC address")
@@ -118,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         return _status(args)
     if args.command == "generate":
         return _generate(args)
+    if args.command == "debug":
+        return _debug_dump(args)
     if args.command == "bench":
         from pdmesh import bench as bench_mod
 
@@ -139,6 +151,25 @@ def _status(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     print(to_json(status) if args.json else render(status))
+    return 0
+
+
+def _debug_dump(args: argparse.Namespace) -> int:
+    import anyio
+    import grpc
+    from google.protobuf.json_format import MessageToJson
+
+    from pdmesh.status import dump_member, render_dump
+
+    try:
+        reply = anyio.run(dump_member, args.bootstrap, args.member)
+    except LookupError as e:
+        print(f"pdmesh debug dump: {e.args[0]}", file=sys.stderr)
+        return 1
+    except grpc.aio.AioRpcError as e:
+        print(f"pdmesh debug dump: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 1
+    print(MessageToJson(reply) if args.json else render_dump(reply))
     return 0
 
 

@@ -29,6 +29,7 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
         "rooms": {},
         "transfer_failed_total": None,
         "aborts_total": None,
+        "pinned": [],
     }
     channel = open_channel(member.address)
     try:
@@ -42,6 +43,15 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
             transfer_failed_total=stats.transfer_failed_total,
             aborts_total=stats.aborts_total,
             requests_total=stats.requests_total,
+            pinned=[
+                {
+                    "room": p.room, "generation": p.generation,
+                    "state": cpb.RoomState.Name(p.state).lower(),
+                    "age_seconds": round(p.age_seconds, 3),
+                    "idle_seconds": round(p.idle_seconds, 3), "peer": p.peer,
+                }
+                for p in stats.pinned
+            ],
         )
     except grpc.aio.AioRpcError as e:
         row["error"] = f"{e.code().name}: {e.details()}"
@@ -85,7 +95,47 @@ def render(status: dict) -> str:
             f"{_dash(m['inflight']):8} {pages:13} {_dash(m['transfer_failed_total']):6} "
             f"{_dash(m['aborts_total']):7} {rooms}" + (f"  ({m['error']})" if "error" in m else "")
         )
+    for m in status["members"]:
+        for p in m["pinned"]:
+            lines.append(
+                f"PINNED on {m['name']}: room {p['room'][:12]}/{p['generation']} "
+                f"{p['state']} for {p['idle_seconds']:.1f}s (age {p['age_seconds']:.1f}s, "
+                f"peer {p['peer'] or '?'})"
+            )
     return "\n".join(lines)
+
+
+async def dump_member(bootstrap: str, name: str, timeout: float = 10.0) -> cpb.DumpReply:
+    """Thread and task stacks of the member called `name` ("bootstrap" for the registry)."""
+    address = bootstrap
+    if name != "bootstrap":
+        channel = open_channel(bootstrap)
+        try:
+            reply = await unary(
+                bgrpc.BootstrapStub(channel).ListMembers, bpb.ListMembersRequest(),
+                timeout=timeout,
+            )
+        finally:
+            await channel.close()
+        found = [m.address for m in reply.members if m.name == name]
+        if not found:
+            known = ", ".join(sorted(m.name for m in reply.members)) or "none"
+            raise LookupError(f"no member named {name!r} (members: {known}, bootstrap)")
+        address = found[0]
+    channel = open_channel(address)
+    try:
+        return await unary(cgrpc.AdminStub(channel).Dump, cpb.DumpRequest(), timeout=timeout)
+    finally:
+        await channel.close()
+
+
+def render_dump(reply: cpb.DumpReply) -> str:
+    parts = [f"# {reply.name} (pid {reply.pid}): {len(reply.threads)} threads, "
+             f"{len(reply.tasks)} asyncio tasks"]
+    for kind, stacks in (("thread", reply.threads), ("task", reply.tasks)):
+        for s in stacks:
+            parts.append(f"\n## {kind} {s.name}\n{s.stack.rstrip()}")
+    return "\n".join(parts)
 
 
 def _dash(value) -> str:

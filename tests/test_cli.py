@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-COMMANDS = ["up", "bootstrap", "prefill", "decode", "router", "status", "generate", "bench"]
+COMMANDS = [
+    "up", "bootstrap", "prefill", "decode", "router", "status", "generate", "bench", "debug",
+]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from libs.engine.kvpool import KvPool
 from libs.kvpoll import RoomKey, RoomTable
 from pdmesh.v1 import common_pb2 as cpb
+
+PINNED_AFTER = 10.0  # seconds without a state change before a live room counts as pinned
 
 
 @dataclass
@@ -17,21 +21,45 @@ class Counters:
     aborts: Counter[str] = field(default_factory=Counter)
 
     def stats(self, role: int, name: str, epoch: int, healthy: bool, table: RoomTable,
-              pool: KvPool, extra_inflight: int = 0) -> cpb.MemberStats:
+              pool: KvPool, peer_of: Callable[[RoomKey], str] = lambda key: "",
+              pinned_after: float = PINNED_AFTER) -> cpb.MemberStats:
         rooms = {state.name.lower(): count for state, count in table.counts().items() if count}
         return cpb.MemberStats(
             role=role,
             name=name,
             epoch=epoch,
             healthy=healthy,
-            inflight=table.inflight + extra_inflight,
+            inflight=table.inflight,
             kv_pages_used=pool.used,
             kv_pages_total=pool.num_pages,
             rooms=rooms,
             transfer_failed_total=self.transfer_failed_total,
             aborts_total=sum(self.aborts.values()),
             requests_total=self.requests_total,
+            pinned=pinned_rooms(table, time.monotonic(), pinned_after, peer_of),
         )
+
+
+def pinned_rooms(
+    table: RoomTable, now: float, after: float, peer_of: Callable[[RoomKey], str]
+) -> list[cpb.PinnedRoom]:
+    """Rooms not terminal and without a state change for `after` seconds, oldest first.
+
+    Idle because there is no work is not pinned; a room stuck in one state is.
+    """
+    out = [
+        cpb.PinnedRoom(
+            room=room.key.room.hex(),
+            generation=room.key.generation,
+            state=room.state.proto,
+            age_seconds=now - room.created_at,
+            idle_seconds=now - room.last_progress_at,
+            peer=peer_of(room.key),
+        )
+        for room in table
+        if not room.terminal and now - room.last_progress_at >= after
+    ]
+    return sorted(out, key=lambda p: -p.idle_seconds)
 
 
 class RecentKeys:

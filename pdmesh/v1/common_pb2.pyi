@@ -179,7 +179,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MemberStats(_message.Message):
-    __slots__ = ("role", "name", "epoch", "healthy", "inflight", "kv_pages_used", "kv_pages_total", "rooms", "transfer_failed_total", "aborts_total", "requests_total")
+    __slots__ = ("role", "name", "epoch", "healthy", "inflight", "kv_pages_used", "kv_pages_total", "rooms", "transfer_failed_total", "aborts_total", "requests_total", "pinned")
     class RoomsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -198,6 +198,7 @@ class MemberStats(_message.Message):
     TRANSFER_FAILED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ABORTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PINNED_FIELD_NUMBER: _ClassVar[int]
     role: Role
     name: str
     epoch: int
@@ -209,4 +210,45 @@ class MemberStats(_message.Message):
     transfer_failed_total: int
     aborts_total: int
     requests_total: int
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., healthy: _Optional[bool] = ..., inflight: _Optional[int] = ..., kv_pages_used: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., rooms: _Optional[_Mapping[str, int]] = ..., transfer_failed_total: _Optional[int] = ..., aborts_total: _Optional[int] = ..., requests_total: _Optional[int] = ...) -> None: ...
+    pinned: _containers.RepeatedCompositeFieldContainer[PinnedRoom]
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., healthy: _Optional[bool] = ..., inflight: _Optional[int] = ..., kv_pages_used: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., rooms: _Optional[_Mapping[str, int]] = ..., transfer_failed_total: _Optional[int] = ..., aborts_total: _Optional[int] = ..., requests_total: _Optional[int] = ..., pinned: _Optional[_Iterable[_Union[PinnedRoom, _Mapping]]] = ...) -> None: ...
+
+class PinnedRoom(_message.Message):
+    __slots__ = ("room", "generation", "state", "age_seconds", "idle_seconds", "peer")
+    ROOM_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    room: str
+    generation: int
+    state: RoomState
+    age_seconds: float
+    idle_seconds: float
+    peer: str
+    def __init__(self, room: _Optional[str] = ..., generation: _Optional[int] = ..., state: _Optional[_Union[RoomState, str]] = ..., age_seconds: _Optional[float] = ..., idle_seconds: _Optional[float] = ..., peer: _Optional[str] = ...) -> None: ...
+
+class DumpRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DumpReply(_message.Message):
+    __slots__ = ("name", "pid", "threads", "tasks")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    TASKS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    pid: int
+    threads: _containers.RepeatedCompositeFieldContainer[StackDump]
+    tasks: _containers.RepeatedCompositeFieldContainer[StackDump]
+    def __init__(self, name: _Optional[str] = ..., pid: _Optional[int] = ..., threads: _Optional[_Iterable[_Union[StackDump, _Mapping]]] = ..., tasks: _Optional[_Iterable[_Union[StackDump, _Mapping]]] = ...) -> None: ...
+
+class StackDump(_message.Message):
+    __slots__ = ("name", "stack")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STACK_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    stack: str
+    def __init__(self, name: _Optional[str] = ..., stack: _Optional[str] = ...) -> None: ...

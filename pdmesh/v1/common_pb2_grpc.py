@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class AdminStub:
-    """Every member serves Admin: live counters for `pdmesh status`.
+    """Every member serves Admin: live counters for `pdmesh status`, and stack dumps for
+    `pdmesh debug dump`, so a wedge leaves evidence instead of silence.
     """
 
     def __init__(self, channel):
@@ -40,13 +41,25 @@ class AdminStub:
                 request_serializer=pdmesh_dot_v1_dot_common__pb2.StatsRequest.SerializeToString,
                 response_deserializer=pdmesh_dot_v1_dot_common__pb2.MemberStats.FromString,
                 _registered_method=True)
+        self.Dump = channel.unary_unary(
+                '/pdmesh.v1.Admin/Dump',
+                request_serializer=pdmesh_dot_v1_dot_common__pb2.DumpRequest.SerializeToString,
+                response_deserializer=pdmesh_dot_v1_dot_common__pb2.DumpReply.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
-    """Every member serves Admin: live counters for `pdmesh status`.
+    """Every member serves Admin: live counters for `pdmesh status`, and stack dumps for
+    `pdmesh debug dump`, so a wedge leaves evidence instead of silence.
     """
 
     def Stats(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Dump(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -60,6 +73,11 @@ def add_AdminServicer_to_server(servicer, server):
                     request_deserializer=pdmesh_dot_v1_dot_common__pb2.StatsRequest.FromString,
                     response_serializer=pdmesh_dot_v1_dot_common__pb2.MemberStats.SerializeToString,
             ),
+            'Dump': grpc.unary_unary_rpc_method_handler(
+                    servicer.Dump,
+                    request_deserializer=pdmesh_dot_v1_dot_common__pb2.DumpRequest.FromString,
+                    response_serializer=pdmesh_dot_v1_dot_common__pb2.DumpReply.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'pdmesh.v1.Admin', rpc_method_handlers)
@@ -69,7 +87,8 @@ def add_AdminServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Admin:
-    """Every member serves Admin: live counters for `pdmesh status`.
+    """Every member serves Admin: live counters for `pdmesh status`, and stack dumps for
+    `pdmesh debug dump`, so a wedge leaves evidence instead of silence.
     """
 
     @staticmethod
@@ -89,6 +108,33 @@ class Admin:
             '/pdmesh.v1.Admin/Stats',
             pdmesh_dot_v1_dot_common__pb2.StatsRequest.SerializeToString,
             pdmesh_dot_v1_dot_common__pb2.MemberStats.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Dump(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/pdmesh.v1.Admin/Dump',
+            pdmesh_dot_v1_dot_common__pb2.DumpRequest.SerializeToString,
+            pdmesh_dot_v1_dot_common__pb2.DumpReply.FromString,
             options,
             channel_credentials,
             insecure,

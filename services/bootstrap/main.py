@@ -7,6 +7,7 @@ import logging
 
 import anyio
 
+from libs.rpc.dump import dump
 from libs.rpc.handlers import contained
 from libs.rpc.server import start_server
 from pdmesh.v1 import bootstrap_pb2, common_pb2
@@ -20,6 +21,10 @@ log = logging.getLogger("pdmesh.bootstrap")
 class BootstrapAdmin(cgrpc.AdminServicer):
     def __init__(self, registry: Registry):
         self.registry = registry
+
+    @contained
+    async def Dump(self, request, context):
+        return dump("bootstrap")
 
     @contained
     async def Stats(self, request, context):

@@ -27,6 +27,7 @@ from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember
 from libs.member.stats import Counters, RecentKeys
 from libs.member.wire import key_from_proto, sampling_from_proto
+from libs.rpc.dump import dump
 from libs.rpc.handlers import RpcError, contained, invalid
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
@@ -295,5 +296,14 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
     @contained
     async def Stats(self, request, context):
         return self.counters.stats(
-            cpb.DECODE, self.member.name, self.epoch(), True, self.table, self.member.pool
+            cpb.DECODE, self.member.name, self.epoch(), True, self.table, self.member.pool,
+            peer_of=self._writer_name,
         )
+
+    def _writer_name(self, key: RoomKey) -> str:
+        slot = self.slots.get(key) or self.quarantine.get(key)
+        return slot.writer.name if slot is not None else ""
+
+    @contained
+    async def Dump(self, request, context):
+        return dump(self.member.name)

@@ -31,6 +31,7 @@ from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember, Peer
 from libs.member.stats import Counters, RecentKeys
 from libs.member.wire import check_tokens, key_from_proto, sampling_from_proto
+from libs.rpc.dump import dump
 from libs.rpc.handlers import RpcError, contained, invalid
 from libs.transfer.errors import LayoutMismatch, TransferError
 from libs.transfer.layout import check_pages
@@ -258,8 +259,13 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
     @contained
     async def Stats(self, request, context):
         return self.counters.stats(
-            cpb.PREFILL, self.member.name, self.epoch(), True, self.table, self.member.pool
+            cpb.PREFILL, self.member.name, self.epoch(), True, self.table, self.member.pool,
+            peer_of=lambda key: self.jobs[key].peer.member.name if key in self.jobs else "",
         )
+
+    @contained
+    async def Dump(self, request, context):
+        return dump(self.member.name)
 
 
 

@@ -7,6 +7,7 @@ from contextlib import aclosing
 
 import grpc
 
+from libs.rpc.dump import dump
 from libs.rpc.handlers import RpcError, contained, invalid
 from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import common_pb2_grpc as cgrpc
@@ -99,6 +100,10 @@ class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
     @contained
     async def ListModels(self, request, context):
         return gpb.ListModelsReply(models=self.backend.model_ids())
+
+    @contained
+    async def Dump(self, request, context):
+        return dump(self.name)
 
     @contained
     async def Stats(self, request, context):

@@ -84,7 +84,7 @@ def test_status_json_shape(tiny_mesh):
     for m in status["members"]:
         for field in ("role", "name", "epoch", "address", "healthy", "inflight",
                       "kv_pages_used", "kv_pages_total", "rooms", "transfer_failed_total",
-                      "aborts_total"):
+                      "aborts_total", "pinned"):
             assert field in m, field
         assert m["healthy"] is True
 
@@ -258,3 +258,26 @@ async def test_every_server_serves_health_and_reflection(tiny_mesh):
             assert "grpc.health.v1.Health" in names and "pdmesh.v1.Admin" in names, names
         finally:
             await channel.close()
+
+
+def test_debug_dump_shows_threads_and_tasks_of_a_live_member(tiny_mesh):
+    import subprocess
+    import sys
+
+    def dump(member: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "pdmesh.cli", "debug", "dump", member,
+             "--bootstrap", tiny_mesh.bootstrap, "--json"],
+            capture_output=True, text=True, timeout=60,
+        )
+
+    out = dump("decode-0")
+    assert out.returncode == 0, out.stderr
+    reply = json.loads(out.stdout)
+    assert reply["name"] == "decode-0" and reply["pid"] > 0
+    assert any("MainThread" in t["name"] for t in reply["threads"])
+    stacks = "\n".join(t["stack"] for t in reply["tasks"])
+    assert "_poll_notifications" in stacks and "batcher.py" in stacks  # the decode's own loops
+    assert dump("bootstrap").returncode == 0
+    missing = dump("nobody")
+    assert missing.returncode == 1 and "no member named 'nobody'" in missing.stderr
