@@ -26,7 +26,8 @@ from libs.kvpoll import FailureCause, Room, RoomKey, RoomState, RoomTable
 from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember
 from libs.member.stats import Counters, RecentKeys
-from libs.member.wire import key_from_proto, sampling_from_proto
+from libs.member.wire import key_from_proto, key_to_proto, sampling_from_proto
+from libs.rpc.calls import open_channel, unary
 from libs.rpc.dump import dump
 from libs.rpc.handlers import RpcError, contained, invalid
 from pdmesh.v1 import bootstrap_pb2 as bpb
@@ -34,11 +35,13 @@ from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import common_pb2_grpc as cgrpc
 from pdmesh.v1 import decode_pb2 as dpb
 from pdmesh.v1 import decode_pb2_grpc as dgrpc
+from pdmesh.v1 import prefill_pb2_grpc as pgrpc
 from services.decode.batcher import Batcher, Sequence
 
 log = logging.getLogger(__name__)
 
 ABORT_WAIT_SECONDS = 5.0
+FENCE_ATTEMPTS = 5
 
 
 @dataclass
@@ -78,6 +81,10 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         self.batcher = Batcher(member.engine, member.loaded.tokenizer, config.max_batch)
         self.unknown_notifs = 0
         self._kv_expected = anyio.Event()
+        # Quarantined rooms whose writer we still have to ask; bounded by max_rooms.
+        self._to_fence, self._fence_queue = anyio.create_memory_object_stream[Slot](
+            config.max_rooms
+        )
         member.on_peer_lost.append(self.on_peer_lost)
 
     async def run(self) -> None:
@@ -85,6 +92,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         async with anyio.create_task_group() as tg:
             tg.start_soon(self.batcher.run)
             tg.start_soon(self._poll_notifications)
+            tg.start_soon(self._fence_quarantine)
 
     # ---- admission ---------------------------------------------------------------
 
@@ -187,6 +195,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             # KvReady never came: a write may still land in these pages.
             self.quarantine[slot.key] = slot
             log.info("room %s: %d pages quarantined until fenced", slot.key, len(slot.pages))
+            self._to_fence.send_nowait(slot)
         else:
             self._free(slot)
 
@@ -244,6 +253,46 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             return
         outcome = slot.room.transition(RoomState.SUCCESS, time.monotonic())
         log.debug("room %s KvReady: %s", key, outcome)
+
+    # ---- fencing quarantined pages -------------------------------------------------
+
+    async def _fence_quarantine(self) -> None:
+        """Ask the writer of every quarantined room to fence it (W2/W3).
+
+        The router normally does this (its Abort carries writer_fenced), but a
+        router that vanished sends nothing: then the decode itself tells the
+        prefill to stop and waits for its AbortAck before the pages come back.
+        """
+        async with anyio.create_task_group() as tg:
+            async for slot in self._fence_queue:
+                tg.start_soon(self._ask_writer, slot)
+
+    async def _ask_writer(self, slot: Slot) -> None:
+        reason = (slot.abort_reason or slot.room.failure_cause or FailureCause.INTERNAL).value
+        for attempt in range(FENCE_ATTEMPTS):
+            if slot.key not in self.quarantine:
+                return  # fenced meanwhile: KvReady, the router's Abort, or the writer left
+            peer = self.member.peer(slot.writer)
+            if peer is None:  # the writer's epoch is gone: nothing of it can land any more
+                self._free(slot)
+                return
+            channel = open_channel(peer.member.address)
+            try:
+                ack = await unary(
+                    pgrpc.PrefillStub(channel).Abort,
+                    cpb.Abort(key=key_to_proto(slot.key), reason=reason),
+                    timeout=ABORT_WAIT_SECONDS + 1,
+                )
+                if ack.released and slot.key in self.quarantine:
+                    self._free(slot)
+                    return
+            except grpc.aio.AioRpcError as e:
+                log.warning("room %s: Abort to writer failed: %s", slot.key, e.code().name)
+            finally:
+                with anyio.move_on_after(1.0, shield=True):
+                    await channel.close()
+            await anyio.sleep(0.2 * 2**attempt)
+        log.error("room %s: writer never acknowledged; pages stay quarantined", slot.key)
 
     # ---- aborts and peers --------------------------------------------------------
 

@@ -281,3 +281,26 @@ def test_debug_dump_shows_threads_and_tasks_of_a_live_member(tiny_mesh):
     assert dump("bootstrap").returncode == 0
     missing = dump("nobody")
     assert missing.returncode == 1 and "no member named 'nobody'" in missing.stderr
+
+
+async def test_decode_fences_its_quarantine_with_the_writer_when_no_router_does(tiny_mesh):
+    """W2/W3: a decode leg ends after TransferInfo and nobody sends an Abort (the router
+    vanished). The decode itself asks the prefill to fence, then frees the pages."""
+    status = await anyio.to_thread.run_sync(tiny_mesh.status)
+    by_role = {m["role"]: m for m in status["members"]}
+    channel = open_channel(by_role["decode"]["address"])
+    try:
+        call = dgrpc.DecodeStub(channel).Generate(dpb.DecodeRequest(
+            key=cpb.RoomKey(room=b"\x07" * 16, generation=7), prompt_tokens=40,
+            sampling=cpb.SamplingParams(top_p=1, max_tokens=64),
+            prefill=cpb.PeerRef(name=by_role["prefill"]["name"], epoch=by_role["prefill"]["epoch"]),
+        ), timeout=30)
+        first = await call.read()
+        assert len(first.transfer.dst_pages) == 3
+        during = await anyio.to_thread.run_sync(tiny_mesh.status)
+        decode = next(m for m in during["members"] if m["role"] == "decode")
+        assert decode["kv_pages_used"] == 7  # prompt + max_tokens reserved
+        call.cancel()  # the "router" is gone; no Abort follows
+    finally:
+        await channel.close()
+    await anyio.to_thread.run_sync(wait_quiet, tiny_mesh, 3.0)
