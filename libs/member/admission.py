@@ -1,8 +1,9 @@
 """Admit a room: the one place where a request gets per-room state and KV pages.
 
-Shared by prefill and decode so both refuse the same way: an aborted key is
-ABORTED, a duplicate is ALREADY_EXISTS, a full table or pool is
-RESOURCE_EXHAUSTED, and a refusal leaves nothing behind.
+Shared by prefill and decode so both refuse the same way: a key that already
+ended here (aborted or served: a late leg or a replay) is ABORTED, a duplicate
+is ALREADY_EXISTS, a full table or pool is RESOURCE_EXHAUSTED, and a refusal
+leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from libs.rpc.handlers import RpcError
 
 
 def admit_room(
-    table: RoomTable, pool: KvPool, aborted: RecentKeys, key: RoomKey, n_pages: int,
+    table: RoomTable, pool: KvPool, ended: RecentKeys, key: RoomKey, n_pages: int,
     budget: float,
 ) -> tuple[Room, list[int]]:
     """Create the room (deadline `budget` seconds away) and allocate `n_pages` for it."""
-    if key in aborted:
-        raise RpcError(grpc.StatusCode.ABORTED, "room was aborted")
+    if key in ended:
+        raise RpcError(grpc.StatusCode.ABORTED, "room already ended here (aborted or served)")
     try:
         room = table.create(key, deadline=time.monotonic() + budget)
     except DuplicateRoom as e:

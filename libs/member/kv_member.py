@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -73,6 +74,8 @@ class KvMember:
     peers: dict[str, Peer] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     on_peer_lost: list[PeerListener] = field(default_factory=list)
+    # Signs this decode's TransferInfo grants; a new key per process (libs/member/grant.py).
+    grant_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
     @classmethod
     def create(
@@ -115,6 +118,7 @@ class KvMember:
                 mem_type=pool_layout.mem_type,
                 device_id=pool_layout.device_id,
             ),
+            grant_key=self.grant_key if self.role == cpb.DECODE else b"",
         )
 
     def peer(self, ref: cpb.PeerRef) -> Peer | None:

@@ -63,7 +63,8 @@ def pinned_rooms(
 
 
 class RecentKeys:
-    """A bounded set of recently aborted rooms: a leg that arrives after its Abort is refused."""
+    """A bounded set of rooms that recently ended (aborted or served) on this member:
+    a leg that arrives after its Abort, or a replayed message, is refused."""
 
     def __init__(self, limit: int = 4096):
         self.limit = limit

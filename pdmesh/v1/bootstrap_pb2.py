@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdmesh.v1 import common_pb2 as pdmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19pdmesh/v1/bootstrap.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\xcc\x01\n\x06Member\x12\x1d\n\x04role\x18\x01 \x01(\x0e\x32\x0f.pdmesh.v1.Role\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x15\n\rnixl_metadata\x18\x05 \x01(\x0c\x12#\n\x06layout\x18\x06 \x01(\x0b\x32\x13.pdmesh.v1.KvLayout\x12#\n\x06region\x18\x07 \x01(\x0b\x32\x13.pdmesh.v1.KvRegion\x12\x14\n\x0chttp_address\x18\x08 \x01(\t\"4\n\x0fRegisterRequest\x12!\n\x06member\x18\x01 \x01(\x0b\x32\x11.pdmesh.v1.Member\"0\n\rRegisterReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"6\n\x10KeepAliveRequest\x12\"\n\x06member\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\"\"\n\x0eKeepAliveReply\x12\x10\n\x08lease_ms\x18\x01 \x01(\r\"7\n\x11\x44\x65registerRequest\x12\"\n\x06member\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\"\x11\n\x0f\x44\x65registerReply\"\x0e\n\x0cWatchRequest\"\xb6\x01\n\x0fMembershipEvent\x12-\n\x04kind\x18\x01 \x01(\x0e\x32\x1f.pdmesh.v1.MembershipEvent.Kind\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.pdmesh.v1.Member\x12\x0e\n\x06reason\x18\x03 \x01(\t\"@\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08SNAPSHOT\x10\x01\x12\n\n\x06JOINED\x10\x02\x12\x08\n\x04LEFT\x10\x03\"\x14\n\x12ListMembersRequest\"6\n\x10ListMembersReply\x12\"\n\x07members\x18\x01 \x03(\x0b\x32\x11.pdmesh.v1.Member2\xe5\x02\n\tBootstrap\x12@\n\x08Register\x12\x1a.pdmesh.v1.RegisterRequest\x1a\x18.pdmesh.v1.RegisterReply\x12\x43\n\tKeepAlive\x12\x1b.pdmesh.v1.KeepAliveRequest\x1a\x19.pdmesh.v1.KeepAliveReply\x12\x46\n\nDeregister\x12\x1c.pdmesh.v1.DeregisterRequest\x1a\x1a.pdmesh.v1.DeregisterReply\x12>\n\x05Watch\x12\x17.pdmesh.v1.WatchRequest\x1a\x1a.pdmesh.v1.MembershipEvent0\x01\x12I\n\x0bListMembers\x12\x1d.pdmesh.v1.ListMembersRequest\x1a\x1b.pdmesh.v1.ListMembersReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19pdmesh/v1/bootstrap.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\xdf\x01\n\x06Member\x12\x1d\n\x04role\x18\x01 \x01(\x0e\x32\x0f.pdmesh.v1.Role\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\x15\n\rnixl_metadata\x18\x05 \x01(\x0c\x12#\n\x06layout\x18\x06 \x01(\x0b\x32\x13.pdmesh.v1.KvLayout\x12#\n\x06region\x18\x07 \x01(\x0b\x32\x13.pdmesh.v1.KvRegion\x12\x14\n\x0chttp_address\x18\x08 \x01(\t\x12\x11\n\tgrant_key\x18\t \x01(\x0c\"4\n\x0fRegisterRequest\x12!\n\x06member\x18\x01 \x01(\x0b\x32\x11.pdmesh.v1.Member\"0\n\rRegisterReply\x12\r\n\x05\x65poch\x18\x01 \x01(\x04\x12\x10\n\x08lease_ms\x18\x02 \x01(\r\"6\n\x10KeepAliveRequest\x12\"\n\x06member\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\"\"\n\x0eKeepAliveReply\x12\x10\n\x08lease_ms\x18\x01 \x01(\r\"7\n\x11\x44\x65registerRequest\x12\"\n\x06member\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\"\x11\n\x0f\x44\x65registerReply\"\x0e\n\x0cWatchRequest\"\xb6\x01\n\x0fMembershipEvent\x12-\n\x04kind\x18\x01 \x01(\x0e\x32\x1f.pdmesh.v1.MembershipEvent.Kind\x12\"\n\x07members\x18\x02 \x03(\x0b\x32\x11.pdmesh.v1.Member\x12\x0e\n\x06reason\x18\x03 \x01(\t\"@\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08SNAPSHOT\x10\x01\x12\n\n\x06JOINED\x10\x02\x12\x08\n\x04LEFT\x10\x03\"\x14\n\x12ListMembersRequest\"6\n\x10ListMembersReply\x12\"\n\x07members\x18\x01 \x03(\x0b\x32\x11.pdmesh.v1.Member2\xe5\x02\n\tBootstrap\x12@\n\x08Register\x12\x1a.pdmesh.v1.RegisterRequest\x1a\x18.pdmesh.v1.RegisterReply\x12\x43\n\tKeepAlive\x12\x1b.pdmesh.v1.KeepAliveRequest\x1a\x19.pdmesh.v1.KeepAliveReply\x12\x46\n\nDeregister\x12\x1c.pdmesh.v1.DeregisterRequest\x1a\x1a.pdmesh.v1.DeregisterReply\x12>\n\x05Watch\x12\x17.pdmesh.v1.WatchRequest\x1a\x1a.pdmesh.v1.MembershipEvent0\x01\x12I\n\x0bListMembers\x12\x1d.pdmesh.v1.ListMembersRequest\x1a\x1b.pdmesh.v1.ListMembersReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,29 +33,29 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdmesh.v1.bootstrap_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MEMBER']._serialized_start=65
-  _globals['_MEMBER']._serialized_end=269
-  _globals['_REGISTERREQUEST']._serialized_start=271
-  _globals['_REGISTERREQUEST']._serialized_end=323
-  _globals['_REGISTERREPLY']._serialized_start=325
-  _globals['_REGISTERREPLY']._serialized_end=373
-  _globals['_KEEPALIVEREQUEST']._serialized_start=375
-  _globals['_KEEPALIVEREQUEST']._serialized_end=429
-  _globals['_KEEPALIVEREPLY']._serialized_start=431
-  _globals['_KEEPALIVEREPLY']._serialized_end=465
-  _globals['_DEREGISTERREQUEST']._serialized_start=467
-  _globals['_DEREGISTERREQUEST']._serialized_end=522
-  _globals['_DEREGISTERREPLY']._serialized_start=524
-  _globals['_DEREGISTERREPLY']._serialized_end=541
-  _globals['_WATCHREQUEST']._serialized_start=543
-  _globals['_WATCHREQUEST']._serialized_end=557
-  _globals['_MEMBERSHIPEVENT']._serialized_start=560
-  _globals['_MEMBERSHIPEVENT']._serialized_end=742
-  _globals['_MEMBERSHIPEVENT_KIND']._serialized_start=678
-  _globals['_MEMBERSHIPEVENT_KIND']._serialized_end=742
-  _globals['_LISTMEMBERSREQUEST']._serialized_start=744
-  _globals['_LISTMEMBERSREQUEST']._serialized_end=764
-  _globals['_LISTMEMBERSREPLY']._serialized_start=766
-  _globals['_LISTMEMBERSREPLY']._serialized_end=820
-  _globals['_BOOTSTRAP']._serialized_start=823
-  _globals['_BOOTSTRAP']._serialized_end=1180
+  _globals['_MEMBER']._serialized_end=288
+  _globals['_REGISTERREQUEST']._serialized_start=290
+  _globals['_REGISTERREQUEST']._serialized_end=342
+  _globals['_REGISTERREPLY']._serialized_start=344
+  _globals['_REGISTERREPLY']._serialized_end=392
+  _globals['_KEEPALIVEREQUEST']._serialized_start=394
+  _globals['_KEEPALIVEREQUEST']._serialized_end=448
+  _globals['_KEEPALIVEREPLY']._serialized_start=450
+  _globals['_KEEPALIVEREPLY']._serialized_end=484
+  _globals['_DEREGISTERREQUEST']._serialized_start=486
+  _globals['_DEREGISTERREQUEST']._serialized_end=541
+  _globals['_DEREGISTERREPLY']._serialized_start=543
+  _globals['_DEREGISTERREPLY']._serialized_end=560
+  _globals['_WATCHREQUEST']._serialized_start=562
+  _globals['_WATCHREQUEST']._serialized_end=576
+  _globals['_MEMBERSHIPEVENT']._serialized_start=579
+  _globals['_MEMBERSHIPEVENT']._serialized_end=761
+  _globals['_MEMBERSHIPEVENT_KIND']._serialized_start=697
+  _globals['_MEMBERSHIPEVENT_KIND']._serialized_end=761
+  _globals['_LISTMEMBERSREQUEST']._serialized_start=763
+  _globals['_LISTMEMBERSREQUEST']._serialized_end=783
+  _globals['_LISTMEMBERSREPLY']._serialized_start=785
+  _globals['_LISTMEMBERSREPLY']._serialized_end=839
+  _globals['_BOOTSTRAP']._serialized_start=842
+  _globals['_BOOTSTRAP']._serialized_end=1199
 # @@protoc_insertion_point(module_scope)

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Member(_message.Message):
-    __slots__ = ("role", "name", "epoch", "address", "nixl_metadata", "layout", "region", "http_address")
+    __slots__ = ("role", "name", "epoch", "address", "nixl_metadata", "layout", "region", "http_address", "grant_key")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -18,6 +18,7 @@ class Member(_message.Message):
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     HTTP_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GRANT_KEY_FIELD_NUMBER: _ClassVar[int]
     role: _common_pb2.Role
     name: str
     epoch: int
@@ -26,7 +27,8 @@ class Member(_message.Message):
     layout: _common_pb2.KvLayout
     region: _common_pb2.KvRegion
     http_address: str
-    def __init__(self, role: _Optional[_Union[_common_pb2.Role, str]] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., address: _Optional[str] = ..., nixl_metadata: _Optional[bytes] = ..., layout: _Optional[_Union[_common_pb2.KvLayout, _Mapping]] = ..., region: _Optional[_Union[_common_pb2.KvRegion, _Mapping]] = ..., http_address: _Optional[str] = ...) -> None: ...
+    grant_key: bytes
+    def __init__(self, role: _Optional[_Union[_common_pb2.Role, str]] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., address: _Optional[str] = ..., nixl_metadata: _Optional[bytes] = ..., layout: _Optional[_Union[_common_pb2.KvLayout, _Mapping]] = ..., region: _Optional[_Union[_common_pb2.KvRegion, _Mapping]] = ..., http_address: _Optional[str] = ..., grant_key: _Optional[bytes] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("member",)

@@ -111,14 +111,18 @@ class KvRegion(_message.Message):
     def __init__(self, base_addr: _Optional[int] = ..., num_pages: _Optional[int] = ..., mem_type: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class TransferInfo(_message.Message):
-    __slots__ = ("key", "decode", "dst_pages")
+    __slots__ = ("key", "decode", "dst_pages", "grant", "grant_expires_unix_ms")
     KEY_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIELD_NUMBER: _ClassVar[int]
     DST_PAGES_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    GRANT_EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     key: RoomKey
     decode: PeerRef
     dst_pages: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ..., dst_pages: _Optional[_Iterable[int]] = ...) -> None: ...
+    grant: bytes
+    grant_expires_unix_ms: int
+    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ..., dst_pages: _Optional[_Iterable[int]] = ..., grant: _Optional[bytes] = ..., grant_expires_unix_ms: _Optional[int] = ...) -> None: ...
 
 class TransferResult(_message.Message):
     __slots__ = ("key", "status", "error", "first_token", "pages_written", "bytes_written", "transfer_seconds")

@@ -23,6 +23,7 @@ import grpc
 
 from libs.engine.sampling import SamplingParams
 from libs.kvpoll import FailureCause, Room, RoomKey, RoomState, RoomTable
+from libs.member import grant
 from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember
 from libs.member.stats import Counters, RecentKeys
@@ -76,7 +77,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         self.table = RoomTable(config.max_rooms)
         self.slots: dict[RoomKey, Slot] = {}
         self.quarantine: dict[RoomKey, Slot] = {}
-        self.aborted = RecentKeys()
+        self.ended = RecentKeys()  # aborted or served: a replay or late leg is refused
         self.counters = Counters()
         self.batcher = Batcher(member.engine, member.loaded.tokenizer, config.max_batch)
         self.unknown_notifs = 0
@@ -115,7 +116,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 f"prefill {request.prefill.name!r} epoch {request.prefill.epoch} "
                 "is not a live peer",
             )
-        room, pages = admit_room(self.table, pool, self.aborted, key, pool.pages_for(total), budget)
+        room, pages = admit_room(self.table, pool, self.ended, key, pool.pages_for(total), budget)
         slot = Slot(
             key=key,
             room=room,
@@ -144,6 +145,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                     decode=cpb.PeerRef(name=self.member.name, epoch=self.epoch()),
                     dst_pages=slot.pages[: slot.prompt_pages],
                 )
+                grant.sign(self.member.grant_key, info, slot.writer)
                 await context.write(dpb.DecodeEvent(transfer=info))
                 state = await slot.room.wait_terminal()
                 if state is RoomState.SUCCESS:
@@ -204,6 +206,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         self.quarantine.pop(slot.key, None)
         if slot.key in self.table:
             self.table.remove(slot.key)
+        self.ended.add(slot.key)
         slot.released.set()
 
     # ---- KV arrival --------------------------------------------------------------
@@ -303,7 +306,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             reason = FailureCause(request.reason)
         except ValueError:
             raise invalid(f"unknown abort reason {request.reason!r}") from None
-        self.aborted.add(key)
+        self.ended.add(key)
         slot = self.slots.get(key) or self.quarantine.get(key)
         if slot is None:
             return cpb.AbortAck(key=request.key, known=False, released=True)

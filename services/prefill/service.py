@@ -27,6 +27,7 @@ from libs.kvpoll import (
     RoomState,
     RoomTable,
 )
+from libs.member import grant
 from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember, Peer
 from libs.member.stats import Counters, RecentKeys
@@ -80,7 +81,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         self.epoch = epoch
         self.table = RoomTable(config.max_rooms)
         self.jobs: dict[RoomKey, Job] = {}
-        self.aborted = RecentKeys()
+        self.ended = RecentKeys()  # aborted or served: a replay or late leg is refused
         self.scheduler = PrefillScheduler(member.engine, config.max_batch_tokens)
         self.counters = Counters()
         member.on_peer_lost.append(self.on_peer_lost)
@@ -100,6 +101,11 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"decode {info.decode.name!r} epoch {info.decode.epoch} is not a live peer",
             )
+        why = grant.check(
+            peer.member.grant_key, info, cpb.PeerRef(name=self.member.name, epoch=self.epoch())
+        )
+        if why is not None:
+            raise RpcError(grpc.StatusCode.PERMISSION_DENIED, f"TransferInfo refused: {why}")
         n_pages = self.member.pool.pages_for(len(tokens))
         if len(info.dst_pages) != n_pages:
             raise invalid(f"transfer.dst_pages has {len(info.dst_pages)} pages, need {n_pages}")
@@ -107,7 +113,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             check_pages(peer.layout, list(info.dst_pages), "destination")
         except LayoutMismatch as e:
             raise invalid(str(e)) from e
-        room, pages = admit_room(self.table, self.member.pool, self.aborted, key, n_pages, budget)
+        room, pages = admit_room(self.table, self.member.pool, self.ended, key, n_pages, budget)
         job = Job(key=key, room=room, pages=pages, peer=peer)
         self.jobs[key] = job
         return job, tokens
@@ -218,6 +224,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             log.error("room %s: writes not fenced; %d pages withheld", job.key, len(job.pages))
         self.table.remove(job.key)
         self.jobs.pop(job.key, None)
+        self.ended.add(job.key)
         job.released.set()
 
     # ---- aborts and peers --------------------------------------------------------
@@ -229,7 +236,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             reason = FailureCause(request.reason)
         except ValueError:
             raise invalid(f"unknown abort reason {request.reason!r}") from None
-        self.aborted.add(key)
+        self.ended.add(key)
         job = self.jobs.get(key)
         if job is None:
             return cpb.AbortAck(key=request.key, known=False, released=True)

@@ -181,6 +181,14 @@ async def test_garbage_and_out_of_order_grpc_messages_get_typed_status(tiny_mesh
             async for _ in prefill.Prefill(forged, timeout=5):
                 pass
         assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        # The right decode and epoch, but no grant from it: refused before any byte moves.
+        forged.transfer.decode.epoch = by_role["decode"]["epoch"]
+        forged.transfer.grant = b"\x00" * 32
+        forged.transfer.grant_expires_unix_ms = 2**62
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for _ in prefill.Prefill(forged, timeout=5):
+                pass
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
         # A room id of the wrong size.
         with pytest.raises(grpc.aio.AioRpcError) as info:
             async for _ in decode.Generate(dpb.DecodeRequest(
@@ -304,3 +312,34 @@ async def test_decode_fences_its_quarantine_with_the_writer_when_no_router_does(
     finally:
         await channel.close()
     await anyio.to_thread.run_sync(wait_quiet, tiny_mesh, 3.0)
+
+
+async def test_a_replayed_transfer_info_moves_nothing(tiny_mesh):
+    """Drive one room by hand: the decode's grant works once; replaying it is refused."""
+    status = await anyio.to_thread.run_sync(tiny_mesh.status)
+    by_role = {m["role"]: m for m in status["members"]}
+    prefill_ref = cpb.PeerRef(name=by_role["prefill"]["name"], epoch=by_role["prefill"]["epoch"])
+    key = cpb.RoomKey(room=b"\x09" * 16, generation=9)
+    sampling = cpb.SamplingParams(top_p=1, max_tokens=3)
+    d_channel = open_channel(by_role["decode"]["address"])
+    p_channel = open_channel(by_role["prefill"]["address"])
+    try:
+        decode = dgrpc.DecodeStub(d_channel).Generate(dpb.DecodeRequest(
+            key=key, prompt_tokens=20, sampling=sampling, prefill=prefill_ref), timeout=30)
+        info = (await decode.read()).transfer
+        request = ppb.PrefillRequest(key=key, prompt_tokens=list(range(100, 120)),
+                                     sampling=sampling, transfer=info)
+        events = [e async for e in pgrpc.PrefillStub(p_channel).Prefill(request, timeout=30)]
+        assert events[-1].result.status == cpb.TRANSFER_OK
+        last = None
+        while (event := await decode.read()) is not grpc.aio.EOF:
+            last = event
+        assert last.finish.completion_tokens == 3
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for _ in pgrpc.PrefillStub(p_channel).Prefill(request, timeout=10):
+                pass
+        assert err.value.code() == grpc.StatusCode.ABORTED
+    finally:
+        await d_channel.close()
+        await p_channel.close()
+    await anyio.to_thread.run_sync(wait_quiet, tiny_mesh, 2.0)
