@@ -18,6 +18,7 @@ PINNED_AFTER = 10.0  # seconds without a state change before a live room counts 
 class Counters:
     requests_total: int = 0
     transfer_failed_total: int = 0
+    deadline_expired_total: int = 0
     aborts: Counter[str] = field(default_factory=Counter)
 
     def stats(self, role: int, name: str, epoch: int, healthy: bool, table: RoomTable,

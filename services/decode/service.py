@@ -137,8 +137,9 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         slot, params = self._admit(request, budget)
         seq: Sequence | None = None
         cause: FailureCause | None = None
+        deadline = time.monotonic() + budget
         try:
-            with slot.scope, anyio.fail_after(budget):
+            with slot.scope:
                 slot.room.transition(RoomState.WAITING_FOR_INPUT, time.monotonic())
                 info = cpb.TransferInfo(
                     key=request.key,
@@ -147,16 +148,24 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 )
                 grant.sign(self.member.grant_key, info, slot.writer)
                 await context.write(dpb.DecodeEvent(transfer=info))
+                # The room's deadline is enforced by the notification poller, which
+                # drains KvReady first: a KV that landed in time is never failed late.
                 state = await slot.room.wait_terminal()
                 if state is RoomState.SUCCESS:
                     ready = slot.ready
                     seq = self.batcher.admit(
                         slot.pages, ready.prompt_tokens, ready.first_token, params
                     )
-                    await self._stream(seq, context)
+                    with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                        await self._stream(seq, context)
             if slot.scope.cancelled_caught or slot.room.state is RoomState.FAILED:
                 cause = slot.abort_reason or slot.room.failure_cause or FailureCause.INTERNAL
-                raise RpcError(grpc.StatusCode.ABORTED, f"aborted: {cause}")
+                code = (
+                    grpc.StatusCode.DEADLINE_EXCEEDED
+                    if cause is FailureCause.DEADLINE
+                    else grpc.StatusCode.ABORTED
+                )
+                raise RpcError(code, f"aborted: {cause}")
         except TimeoutError:
             cause = FailureCause.DEADLINE
             raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "decode deadline") from None
@@ -169,6 +178,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         finally:
             if cause is not None:
                 slot.room.fail(cause, time.monotonic())
+                self.counters.aborts[cause.value] += 1  # once per request that ended early
             with anyio.move_on_after(2.0, shield=True):
                 await self._release(slot, seq)
 
@@ -226,12 +236,21 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             notifs = self.member.agent.get_notifs()
             for _peer, payload in notifs:
                 self._on_notification(payload)
+            self._expire_rooms()  # after the drain: see RoomTable.expire
             # Each poll runs UCX progress (not free): back off while nothing arrives,
             # so a long prefill elsewhere does not cost this process a core.
             delay = self.config.notif_poll_min if notifs else min(
                 delay * 2, self.config.notif_poll_max
             )
             await anyio.sleep(delay)
+
+    def _expire_rooms(self) -> None:
+        for key in self.table.expire(time.monotonic()):
+            self.counters.deadline_expired_total += 1
+            slot = self.slots.get(key)
+            if slot is not None:
+                slot.abort_reason = slot.abort_reason or FailureCause.DEADLINE
+                slot.scope.cancel()
 
     def _awaiting_kv(self) -> bool:
         return bool(self.quarantine) or any(s.ready is None for s in self.slots.values())
@@ -310,7 +329,6 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         slot = self.slots.get(key) or self.quarantine.get(key)
         if slot is None:
             return cpb.AbortAck(key=request.key, known=False, released=True)
-        self.counters.aborts[reason.value] += 1
         if slot.abort_reason is None:
             slot.abort_reason = reason
         slot.room.fail(reason, time.monotonic())
@@ -336,7 +354,6 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         lost = cpb.PeerRef(name=member.name, epoch=member.epoch)
         for slot in list(self.slots.values()):
             if slot.writer == lost and slot.ready is None:
-                self.counters.aborts[FailureCause.PEER_LOST.value] += 1
                 if slot.abort_reason is None:
                     slot.abort_reason = FailureCause.PEER_LOST
                 slot.room.fail(FailureCause.PEER_LOST, time.monotonic())

@@ -149,6 +149,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         finally:
             if cause is not None:
                 job.room.fail(cause, time.monotonic())
+                self.counters.aborts[cause.value] += 1  # once per request that ended early
             with anyio.move_on_after(FENCE_SECONDS + 1, shield=True):
                 await self._release(job)
 
@@ -240,7 +241,6 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         job = self.jobs.get(key)
         if job is None:
             return cpb.AbortAck(key=request.key, known=False, released=True)
-        self.counters.aborts[reason.value] += 1
         self._cancel(job, reason)
         with anyio.move_on_after(ABORT_WAIT_SECONDS):
             await job.released.wait()
@@ -260,7 +260,6 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         """A decode left: its rooms fail at once instead of waiting for a timeout."""
         for job in list(self.jobs.values()):
             if job.peer.member.name == member.name and job.peer.member.epoch == member.epoch:
-                self.counters.aborts[FailureCause.PEER_LOST.value] += 1
                 self._cancel(job, FailureCause.PEER_LOST)
 
     @contained
