@@ -11,6 +11,7 @@ no step can touch its pages any more, so they may be freed.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import anyio
@@ -21,6 +22,8 @@ from libs.engine.sampling import SamplingParams, sample
 from libs.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
+
+STALL_SECONDS = 30.0  # health turns red when queued work has seen no step for this long
 
 
 @dataclass
@@ -70,6 +73,7 @@ class Batcher:
         self.waiting: list[Sequence] = []
         self._wake = anyio.Event()
         self.steps = 0
+        self.last_progress = time.monotonic()
 
     def admit(self, pages, prompt_len: int, first_token: int, params: SamplingParams) -> Sequence:
         send, receive = anyio.create_memory_object_stream[Emitted](params.max_tokens + 2)
@@ -105,6 +109,10 @@ class Batcher:
 
     _stepping = False
 
+    def stalled(self, after: float = STALL_SECONDS) -> bool:
+        """Work is waiting but no step has finished for `after` seconds: a wedged loop."""
+        return self.active > 0 and time.monotonic() - self.last_progress > after
+
     @property
     def active(self) -> int:
         return len(self.running) + len(self.waiting)
@@ -115,6 +123,7 @@ class Batcher:
             while not self.running and not self.waiting:
                 self._wake = anyio.Event()
                 await self._wake.wait()
+                self.last_progress = time.monotonic()
             room = self.max_batch - len(self.running)
             self.running.extend(self.waiting[:room])
             del self.waiting[:room]
@@ -138,6 +147,7 @@ class Batcher:
         finally:
             self._stepping = False
         self.steps += 1
+        self.last_progress = time.monotonic()
         for seq, row in zip(list(self.running), logits, strict=True):
             if seq.cancelled:
                 self.running.remove(seq)

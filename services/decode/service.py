@@ -365,7 +365,8 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
     @contained
     async def Stats(self, request, context):
         return self.counters.stats(
-            cpb.DECODE, self.member.name, self.epoch(), True, self.table, self.member.pool,
+            cpb.DECODE, self.member.name, self.epoch(), not self.batcher.stalled(), self.table,
+            self.member.pool,
             peer_of=self._writer_name,
         )
 

@@ -14,6 +14,7 @@ must not be freed (and reused) under a running forward pass.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import anyio
@@ -23,6 +24,7 @@ from libs.engine.engine import Engine, PrefillSeq
 
 log = logging.getLogger(__name__)
 
+STALL_SECONDS = 60.0  # health turns red when queued chunks saw no forward pass this long
 FINISH_SECONDS = 60.0  # bound on waiting for a started chunk after cancellation
 
 
@@ -41,6 +43,7 @@ class PrefillScheduler:
         self.pending: list[Chunk] = []
         self._wake = anyio.Event()
         self.forwards = 0
+        self.last_progress = time.monotonic()
 
     async def prefill(self, tokens: list[int], pages: list[int], start: int) -> torch.Tensor:
         """The logits of the chunk's last token, once its KV is in `pages`."""
@@ -66,6 +69,7 @@ class PrefillScheduler:
             while not self.pending:
                 self._wake = anyio.Event()
                 await self._wake.wait()
+                self.last_progress = time.monotonic()
             batch = self._take()
             try:
                 logits = await anyio.to_thread.run_sync(
@@ -79,8 +83,13 @@ class PrefillScheduler:
                     chunk.error = e
             finally:
                 self.forwards += 1
+                self.last_progress = time.monotonic()
                 for chunk in batch:
                     chunk.done.set()
+
+    def stalled(self, after: float = STALL_SECONDS) -> bool:
+        """Chunks are waiting but no forward pass has finished for `after` seconds."""
+        return bool(self.pending) and time.monotonic() - self.last_progress > after
 
     def _take(self) -> list[Chunk]:
         batch, total = [], 0

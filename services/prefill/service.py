@@ -265,7 +265,8 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
     @contained
     async def Stats(self, request, context):
         return self.counters.stats(
-            cpb.PREFILL, self.member.name, self.epoch(), True, self.table, self.member.pool,
+            cpb.PREFILL, self.member.name, self.epoch(), not self.scheduler.stalled(), self.table,
+            self.member.pool,
             peer_of=lambda key: self.jobs[key].peer.member.name if key in self.jobs else "",
         )
 

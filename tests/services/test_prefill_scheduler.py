@@ -102,3 +102,16 @@ async def test_a_failing_forward_fails_its_chunks_and_the_loop_lives():
         logits = await scheduler.prefill(list(range(20)), pages, 0)
         tg.cancel_scope.cancel()
     assert logits.shape[-1] == engine.config.vocab_size
+
+
+async def test_queued_work_without_progress_reports_a_stall():
+    scheduler = PrefillScheduler(make_engine())  # its loop is deliberately not running
+    assert not scheduler.stalled(after=0.0)  # nothing queued: idle is not a stall
+    pages = scheduler.engine.pool.alloc(2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scheduler.prefill, list(range(20)), pages, 0)
+        await anyio.sleep(0.05)
+        assert not scheduler.stalled(after=10.0)
+        scheduler.last_progress -= 11.0
+        assert scheduler.stalled(after=10.0)
+        tg.cancel_scope.cancel()
