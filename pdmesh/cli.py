@@ -21,6 +21,7 @@ pdmesh: a prefill/decode-disaggregated LLM serving mesh.
   pdmesh status [--json]     members, live counters and pinned rooms
   pdmesh debug dump MEMBER   every thread's and asyncio task's stack of a live service
   pdmesh generate PROMPT     stream a completion through the router's gRPC API
+  pdmesh storm               abort storms against a running mesh: timeline and verdict
   pdmesh bench               latency and throughput against a running mesh
 """
 
@@ -96,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
 
+    storm = sub.add_parser("storm", help="load and faults against a running mesh, with a verdict")
+    from pdmesh import storm as storm_mod
+
+    storm_mod.add_arguments(storm)
+
     bench = sub.add_parser("bench", help="benchmark a mesh against transformers side by side")
     from pdmesh import bench as bench_mod
 
@@ -130,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         return _generate(args)
     if args.command == "debug":
         return _debug_dump(args)
+    if args.command == "storm":
+        from pdmesh import storm as storm_mod
+
+        return storm_mod.main(args)
     if args.command == "bench":
         from pdmesh import bench as bench_mod
 

@@ -12,6 +12,8 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
+import grpc
+
 from libs.engine.config import ModelConfig
 from libs.engine.tokenizer import Tokenizer
 from pdmesh.v1 import common_pb2 as cpb
@@ -110,6 +112,8 @@ class MeshBackend:
             outcome = "ok"
         except MeshError as e:
             outcome = "error"
+            if first and e.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                raise RequestError(429, f"the mesh is full: {e}", type="rate_limit_exceeded") from e
             if first:
                 raise RequestError(503, f"the mesh failed: {e}", type="service_unavailable") from e
             raise
