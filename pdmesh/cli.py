@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="model and KV dtype (default float32)",
     )
     up.add_argument("--prefill", type=int, default=1, help="prefill processes (default 1)")
+    up.add_argument("--prefill-kv-pages", type=int, default=None,
+                    help="KV pool pages per prefill (its own default when absent)")
+    up.add_argument("--decode-kv-pages", type=int, default=None,
+                    help="KV pool pages per decode (its own default when absent)")
     up.add_argument("--decode", type=int, default=1, help="decode processes (default 1)")
     up.add_argument("--host", default="127.0.0.1", help="address every service binds")
     up.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP port (8000)")
@@ -126,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
             prefill=args.prefill, decode=args.decode,
             host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             bootstrap_port=args.bootstrap_port,
+            extra={
+                role: ["--kv-pages", str(pages)]
+                for role, pages in (("prefill", args.prefill_kv_pages),
+                                    ("decode", args.decode_kv_pages))
+                if pages is not None
+            },
         )
         if plan.prefill < 1 or plan.decode < 1:
             parser.error("--prefill and --decode must be at least 1")

@@ -79,6 +79,7 @@ class Mesh:
 def start_mesh(
     tmp: Path, model: str = "tiny", prefill: int = 1, decode: int = 1, timeout: float = 180.0,
     extra_env: dict[str, str] | None = None, device: str = "cpu", dtype: str = "float32",
+    up_args: list[str] | None = None,
 ) -> Mesh:
     http, grpc_port, boot = free_port(), free_port(), free_port()
     log_path = tmp / f"mesh-{model}-{prefill}x{decode}.log"
@@ -89,7 +90,7 @@ def start_mesh(
             "--dtype", dtype,
             "--prefill", str(prefill), "--decode", str(decode),
             "--http-port", str(http), "--grpc-port", str(grpc_port),
-            "--bootstrap-port", str(boot),
+            "--bootstrap-port", str(boot), *(up_args or []),
         ],
         stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env,
         preexec_fn=_die_with_parent,
