@@ -10,7 +10,7 @@ once per step: a layer's rows are layer 0's plus a constant.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +19,10 @@ import torch.nn.functional as F
 from .config import ModelConfig
 from .kvpool import KvPool
 from .model import Weights, apply_rope, rms_norm, rope_tables, swiglu_mlp
+
+
+class ForwardCancelled(Exception):
+    """A forward pass stopped early because its caller no longer wants it."""
 
 
 @dataclass
@@ -56,7 +60,9 @@ class Engine:
         return self.prefill_batch([PrefillSeq(tokens, pages, start_pos)])[0]
 
     @torch.inference_mode()
-    def prefill_batch(self, seqs: Sequence[PrefillSeq]) -> torch.Tensor:
+    def prefill_batch(
+        self, seqs: Sequence[PrefillSeq], should_stop: Callable[[], bool] | None = None
+    ) -> torch.Tensor:
         """Prefill several sequences (or chunks) in one forward; logits [N, vocab] of each last.
 
         The chunks are packed into one row of tokens with a block-diagonal causal mask, so the
@@ -98,6 +104,7 @@ class Engine:
             key_offs=(kp % ps)[None],
             mask=mask[None, None],
             out_index=torch.tensor(last, device=dev),
+            should_stop=should_stop,
         )
 
     @torch.inference_mode()
@@ -154,6 +161,7 @@ class Engine:
         key_offs: torch.Tensor,  # [B, L] slot in that page
         mask: torch.Tensor,  # [B, 1, T, L] bool, True = attend
         out_index: torch.Tensor | None = None,  # B == 1: token indices whose logits to return
+        should_stop: Callable[[], bool] | None = None,  # checked between layers
     ) -> torch.Tensor:
         c, w = self.config, self.weights
         b, t = tokens.shape
@@ -170,6 +178,10 @@ class Engine:
         sin = self.sin[positions][:, :, None, :]
         x = w.embed[tokens]  # [B, T, dim]
         for layer, lw in enumerate(w.layers):
+            if should_stop is not None and should_stop():
+                # Every request of this pass is gone: stop at a layer boundary rather than
+                # finish a forward nobody will read (the KV written so far is garbage).
+                raise ForwardCancelled(f"stopped before layer {layer}")
             qkv = F.linear(rms_norm(x, lw.attn_norm, c.norm_eps), lw.wqkv)
             q, k, v = qkv.split([c.q_dim, c.kv_dim, c.kv_dim], -1)
             q = apply_rope(q.view(b, t, h, d), cos, sin)

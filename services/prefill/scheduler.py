@@ -6,9 +6,10 @@ request submits its next chunk and waits for that chunk's logits; the one
 scheduler task takes chunks in arrival order up to a token budget and runs them
 on the compute thread with `Engine.prefill_batch`.
 
-A chunk that is already computing always finishes before its caller returns,
-even when the caller is cancelled: its KV lands in the caller's pages, which
-must not be freed (and reused) under a running forward pass.
+A chunk that is already computing always ends before its caller returns, even
+when the caller is cancelled: its KV lands in the caller's pages, which must
+not be freed (and reused) under a running forward pass. When every caller of
+a running pass has left, the pass stops at the next layer boundary (W1).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 import anyio
 import torch
 
-from libs.engine.engine import Engine, PrefillSeq
+from libs.engine.engine import Engine, ForwardCancelled, PrefillSeq
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ class Chunk:
     done: anyio.Event = field(default_factory=anyio.Event)
     logits: torch.Tensor | None = None
     error: BaseException | None = None
+    cancelled: bool = False  # its caller left; read by the compute thread between layers
 
 
 class PrefillScheduler:
@@ -43,6 +45,7 @@ class PrefillScheduler:
         self.pending: list[Chunk] = []
         self._wake = anyio.Event()
         self.forwards = 0
+        self.stopped_early = 0
         self.last_progress = time.monotonic()
 
     async def prefill(self, tokens: list[int], pages: list[int], start: int) -> torch.Tensor:
@@ -55,7 +58,8 @@ class PrefillScheduler:
         except BaseException:
             if chunk in self.pending:  # never started: just withdraw it
                 self.pending.remove(chunk)
-            else:
+            else:  # running: ask the pass to stop early (W1), then wait until it has
+                chunk.cancelled = True
                 with anyio.move_on_after(FINISH_SECONDS, shield=True):
                     await chunk.done.wait()
             raise
@@ -73,10 +77,16 @@ class PrefillScheduler:
             batch = self._take()
             try:
                 logits = await anyio.to_thread.run_sync(
-                    self.engine.prefill_batch, [c.seq for c in batch]
+                    self.engine.prefill_batch,
+                    [c.seq for c in batch],
+                    lambda batch=batch: all(c.cancelled for c in batch),
                 )
                 for chunk, row in zip(batch, logits, strict=True):
                     chunk.logits = row
+            except ForwardCancelled as e:  # every caller of this pass has left
+                self.stopped_early += 1
+                for chunk in batch:
+                    chunk.error = e
             except Exception as e:  # contained: these chunks fail, the loop lives on
                 log.exception("prefill forward of %d chunks failed", len(batch))
                 for chunk in batch:

@@ -55,7 +55,7 @@ async def test_cancelled_caller_waits_for_its_running_chunk():
     started, release = threading.Event(), threading.Event()
     real = engine.prefill_batch
 
-    def slow(seqs):
+    def slow(seqs, should_stop=None):  # ignores should_stop: a pass that cannot stop early
         started.set()
         release.wait(5)
         return real(seqs)
@@ -86,11 +86,11 @@ async def test_a_failing_forward_fails_its_chunks_and_the_loop_lives():
     real = engine.prefill_batch
     calls = []
 
-    def flaky(seqs):
+    def flaky(seqs, should_stop=None):
         calls.append(len(seqs))
         if len(calls) == 1:
             raise RuntimeError("boom")
-        return real(seqs)
+        return real(seqs, should_stop)
 
     engine.prefill_batch = flaky
     scheduler = PrefillScheduler(engine)
@@ -115,3 +115,30 @@ async def test_queued_work_without_progress_reports_a_stall():
         scheduler.last_progress -= 11.0
         assert scheduler.stalled(after=10.0)
         tg.cancel_scope.cancel()
+
+
+async def test_a_pass_whose_callers_all_left_stops_early():
+    """W1: the real engine checks should_stop between layers; cancelling the only caller of
+    a running pass ends it at the next layer instead of after the whole forward."""
+    engine = make_engine()
+    real = engine.prefill_batch
+    entered = threading.Event()
+
+    def gated(seqs, should_stop=None):
+        entered.set()
+        while not should_stop():  # stands in for a long forward: only a stop ends it
+            time.sleep(0.001)
+        return real(seqs, should_stop)  # the real engine then stops before layer 0
+
+    engine.prefill_batch = gated
+    scheduler = PrefillScheduler(engine)
+    pages = engine.pool.alloc(2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(scheduler.run)
+        t0 = time.monotonic()
+        with anyio.move_on_after(0.2):
+            await scheduler.prefill(list(range(20)), pages, 0)
+        elapsed = time.monotonic() - t0
+        tg.cancel_scope.cancel()
+    assert entered.is_set() and scheduler.stopped_early == 1
+    assert elapsed < 1.0
