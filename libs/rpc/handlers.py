@@ -50,7 +50,7 @@ def contained(fn: Handler) -> Handler:
             )
         try:
             return await fn(self, request, context)
-        except (grpc.aio.AbortError, grpc.aio.UsageError):
+        except grpc.aio.AbortError:  # context.abort() itself: the status is already set
             raise
         except Exception as e:  # contained: the service keeps serving
             error = _first_rpc_error(e)

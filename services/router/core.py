@@ -15,6 +15,7 @@ quarantined pages can come back at once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -71,6 +72,11 @@ def _reason_for(code: grpc.StatusCode) -> str:
     return "internal"
 
 
+def _task_cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class RoomMinter:
     """Room ids are random 128-bit values; generations count up from the boot time."""
 
@@ -102,6 +108,8 @@ class MeshClient:
             raise MeshError(str(e), grpc.StatusCode.UNAVAILABLE) from None
         with pair:
             legs = _Legs(pair, key)
+            pair.prefill.requests.add(legs)
+            pair.decode.requests.add(legs)
             reason = "internal"
             try:
                 async with aclosing(legs.run(prompt, sampling, deadline)) as events:
@@ -109,14 +117,23 @@ class MeshClient:
                         yield event
                 return
             except grpc.aio.AioRpcError as e:
+                if legs.lost is not None:
+                    reason = "peer_lost"
+                    raise MeshError(legs.lost, grpc.StatusCode.UNAVAILABLE) from None
                 reason = _reason_for(e.code())
                 raise MeshError(f"{e.code().name}: {e.details()}", e.code()) from None
             except MeshError:
                 raise
             except (anyio.get_cancelled_exc_class(), GeneratorExit):
+                if legs.lost is not None and not _task_cancelling():
+                    # our own call.cancel() from lose(), not the task being cancelled
+                    reason = "peer_lost"
+                    raise MeshError(legs.lost, grpc.StatusCode.UNAVAILABLE) from None
                 reason = "client_disconnect"
                 raise
             finally:
+                pair.prefill.requests.discard(legs)
+                pair.decode.requests.discard(legs)
                 if not legs.finished:
                     self.aborts[reason] = self.aborts.get(reason, 0) + 1
                     with anyio.move_on_after(ABORT_SECONDS, shield=True):
@@ -133,6 +150,17 @@ class _Legs:
         self.prefill_call = None
         self.prefill_done = False
         self.finished = False
+        self.lost: str | None = None  # why, once a member of the pair left mid-request
+        self.lost_member: str | None = None
+
+    def lose(self, member: str, reason: str) -> None:
+        """A member of this request's pair left: end both calls now (W5), not at a timeout."""
+        if self.lost is None:
+            self.lost = f"{member} left the mesh ({reason})"
+            self.lost_member = member
+        for call in (self.prefill_call, self.decode_call):
+            if call is not None:
+                call.cancel()
 
     async def run(self, prompt, sampling, deadline) -> AsyncIterator[Tokens | Finished]:
         pair, key = self.pair, self.key
@@ -175,7 +203,8 @@ class _Legs:
             if call is not None:
                 call.cancel()
         fenced = self.prefill_done
-        if not fenced:
+        # A writer that left is not asked: its epoch ending is the decode's fence.
+        if not fenced and self.lost_member != self.pair.prefill.member.name:
             try:
                 ack = await unary(
                     self.pair.prefill.stub.Abort,
@@ -185,6 +214,8 @@ class _Legs:
                 fenced = ack.released
             except grpc.aio.AioRpcError as e:
                 log.warning("Abort to prefill failed: %s", e.code().name)
+        if self.lost_member == self.pair.decode.member.name:
+            return  # nobody left to tell
         try:
             await unary(
                 self.pair.decode.stub.Abort,

@@ -29,6 +29,8 @@ class Endpoint:
     channel: grpc.aio.Channel
     stub: object
     inflight: int = 0
+    # The requests using this member now, failed at once if it leaves (W5).
+    requests: set = field(default_factory=set)
 
     @property
     def ref(self) -> cpb.PeerRef:
@@ -67,6 +69,8 @@ class Pairing:
         old = self.endpoints.get(member.name)
         if old is not None and old.member.epoch <= member.epoch:
             del self.endpoints[member.name]
+            for request in list(old.requests):
+                request.lose(member.name, reason)
             self.retired.append(old.channel)  # closed by the router's loop, not here
 
     def members(self, role: int) -> list[Endpoint]:
