@@ -26,6 +26,8 @@ from services.router.pairing import Pairing
 
 log = logging.getLogger("pdmesh.router")
 
+STOP_SECONDS = 5.0  # uvicorn's own graceful stop is 1 s; this bounds it
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="member name (default router-PID)")
@@ -114,15 +116,19 @@ async def serve(args: argparse.Namespace) -> None:
 
 async def _serve_http(server: uvicorn.Server) -> None:
     """uvicorn stops itself once should_exit is set; cancellation only asks it to."""
-    async with anyio.create_task_group() as tg:
-        async def stop_on_cancel() -> None:
-            try:
-                await anyio.sleep_forever()
-            finally:
-                server.should_exit = True
+    serving = anyio.CancelScope(shield=True)
 
+    async def stop_on_cancel() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            server.should_exit = True
+            # the shield ends a bounded time after the stop was asked for
+            serving.deadline = anyio.current_time() + STOP_SECONDS
+
+    async with anyio.create_task_group() as tg:
         tg.start_soon(stop_on_cancel)
-        with anyio.CancelScope(shield=True):  # bounded by timeout_graceful_shutdown
+        with serving:
             await server.serve()
         tg.cancel_scope.cancel()
     if not server.started:
