@@ -66,6 +66,16 @@ class Mesh:
         )
         return [int(p) for p in out.stdout.split()]
 
+    def pid_of(self, command: str) -> int:
+        """The pid of the child running `pdmesh COMMAND` (bootstrap, prefill, decode, router)."""
+        for pid in self.children():
+            args = subprocess.run(
+                ["ps", "-o", "args=", "-p", str(pid)], capture_output=True, text=True
+            ).stdout
+            if f" {command} " in args:
+                return pid
+        raise LookupError(command)
+
     def stop(self, timeout: float = 30.0) -> None:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import anyio
@@ -24,17 +23,10 @@ def mesh(tmp_path_factory):
     mesh.stop()
 
 
-def _pid_of(mesh, role: str) -> int:
-    for pid in mesh.children():
-        args = subprocess.run(["ps", "-o", "args=", "-p", str(pid)],
-                              capture_output=True, text=True).stdout
-        if f" {role} " in args:
-            return pid
-    raise LookupError(role)
 
 
 async def test_a_hung_decode_fails_its_requests_within_the_lease(mesh):
-    decode_pid = _pid_of(mesh, "decode")
+    decode_pid = mesh.pid_of("decode")
     got = 0
     stopped_at = None
     try:

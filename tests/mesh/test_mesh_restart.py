@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 
 import pytest
@@ -21,13 +20,6 @@ def mesh(tmp_path_factory):
     mesh.stop()
 
 
-def _pid_of(mesh, role: str) -> int:
-    for pid in mesh.children():
-        cmdline = subprocess.run(["ps", "-o", "args=", "-p", str(pid)],
-                                 capture_output=True, text=True).stdout
-        if f" {role} " in cmdline:
-            return pid
-    raise LookupError(role)
 
 
 def _member(status: dict, role: str) -> dict:
@@ -46,7 +38,7 @@ async def test_decode_restart_alone_heals_the_mesh(mesh):
     before = await anyio.to_thread.run_sync(mesh.status)
     old_decode = _member(before, "decode")
     old_prefill = _member(before, "prefill")
-    os.kill(_pid_of(mesh, "decode"), signal.SIGKILL)
+    os.kill(mesh.pid_of("decode"), signal.SIGKILL)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         status = await anyio.to_thread.run_sync(mesh.status)
