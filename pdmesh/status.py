@@ -30,6 +30,9 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
         "transfer_failed_total": None,
         "aborts_total": None,
         "pinned": [],
+        "pid": None,
+        "deadline_expired_total": None,
+        "aborts_by_reason": {},
     }
     channel = open_channel(member.address)
     try:
@@ -43,6 +46,9 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
             transfer_failed_total=stats.transfer_failed_total,
             aborts_total=stats.aborts_total,
             requests_total=stats.requests_total,
+            pid=stats.pid or None,
+            deadline_expired_total=stats.deadline_expired_total,
+            aborts_by_reason=dict(stats.aborts_by_reason),
             pinned=[
                 {
                     "room": p.room, "generation": p.generation,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
@@ -38,6 +39,9 @@ class Counters:
             aborts_total=sum(self.aborts.values()),
             requests_total=self.requests_total,
             pinned=pinned_rooms(table, time.monotonic(), pinned_after, peer_of),
+            pid=os.getpid(),
+            deadline_expired_total=self.deadline_expired_total,
+            aborts_by_reason=dict(self.aborts),
         )
 
 

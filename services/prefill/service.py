@@ -135,6 +135,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
                 raise RpcError(grpc.StatusCode.ABORTED, f"aborted: {cause}")
         except TimeoutError:
             cause = FailureCause.DEADLINE
+            self.counters.deadline_expired_total += 1
             raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "prefill deadline") from None
         except TransferError as e:
             cause = FailureCause.TRANSFER_ERROR

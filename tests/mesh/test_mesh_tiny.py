@@ -87,6 +87,10 @@ def test_status_json_shape(tiny_mesh):
                       "aborts_total", "pinned"):
             assert field in m, field
         assert m["healthy"] is True
+    for m in status["members"]:
+        if m["role"] != "router":
+            assert m["pid"] == tiny_mesh.pid_of(m["role"]), m
+            assert m["deadline_expired_total"] == 0
 
 
 BAD_BODIES = [
