@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import shlex
 import signal
 import sys
 
@@ -68,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP port (8000)")
     up.add_argument("--grpc-port", type=int, default=50051, help="router gRPC port (50051)")
     up.add_argument("--bootstrap-port", type=int, default=50050, help="bootstrap port (50050)")
+    for role in ("prefill", "decode", "router"):
+        up.add_argument(f"--{role}-args", default="", metavar="ARGS",
+                        help=f"extra flags for every {role}, e.g. '--max-rooms 8' "
+                        f"(see pdmesh {role} --help)")
+    up.add_argument("--faults", default=None, metavar="SPEC",
+                    help="TEST ONLY: fault injection points for prefills and decodes "
+                    "(see pdmesh prefill --help; default none)")
 
     for name, module, text in (
         ("bootstrap", bootstrap_main, "the registry service"),
@@ -113,6 +121,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _extra_args(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The flags `pdmesh up` passes through to each role's children."""
+    extra = {role: shlex.split(getattr(args, f"{role}_args"))
+             for role in ("prefill", "decode", "router")}
+    for role, pages in (("prefill", args.prefill_kv_pages), ("decode", args.decode_kv_pages)):
+        if pages is not None:
+            extra[role] += ["--kv-pages", str(pages)]
+    if args.faults is not None:
+        for role in ("prefill", "decode"):
+            extra[role] += ["--faults", args.faults]
+    return extra
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -130,12 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             prefill=args.prefill, decode=args.decode,
             host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             bootstrap_port=args.bootstrap_port,
-            extra={
-                role: ["--kv-pages", str(pages)]
-                for role, pages in (("prefill", args.prefill_kv_pages),
-                                    ("decode", args.decode_kv_pages))
-                if pages is not None
-            },
+            extra=_extra_args(args),
         )
         if plan.prefill < 1 or plan.decode < 1:
             parser.error("--prefill and --decode must be at least 1")

@@ -66,7 +66,8 @@ class Plan:
         out.append(Child("router", [*base, "router", "--name", "router", *common,
                                     "--model", self.model,
                                     "--http-port", str(self.http_port),
-                                    "--grpc-port", str(self.grpc_port)]))
+                                    "--grpc-port", str(self.grpc_port),
+                                    *self.extra.get("router", [])]))
         return out
 
 

@@ -21,6 +21,7 @@ import torch
 from libs.engine.engine import Engine
 from libs.engine.kvpool import KvPool
 from libs.engine.loader import LoadedModel, load_model
+from libs.faults import Faults
 from libs.transfer.agent import KvAgent
 from libs.transfer.layout import PoolLayout
 from pdmesh.v1 import bootstrap_pb2 as bpb
@@ -76,6 +77,7 @@ class KvMember:
     on_peer_lost: list[PeerListener] = field(default_factory=list)
     # Signs this decode's TransferInfo grants; a new key per process (libs/member/grant.py).
     grant_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+    faults: Faults = field(default_factory=Faults)  # off unless named (libs/faults)
 
     @classmethod
     def create(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import anyio
 
+from libs import faults
 from libs.member.kv_member import KvMember
 from libs.rpc.membership import Membership
 from libs.rpc.server import start_server
@@ -38,6 +39,11 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str, pages: int)
         "--kv-pages", type=int, default=pages, help=f"KV pool size in pages (default {pages})"
     )
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    parser.add_argument(
+        "--faults", default=os.environ.get(faults.ENV, ""), metavar="SPEC",
+        help="TEST ONLY: fault injection points, e.g. 'pause_between_chunks=2,"
+        "decode-0:delay_notifications=0.5' (default: none, or $PDMESH_FAULTS; see libs/faults)",
+    )
 
 
 async def serve_member(
@@ -50,11 +56,18 @@ async def serve_member(
 ) -> None:
     """Load the model (off the loop), start the server, register, and serve until cancelled."""
     name = args.name or f"{role_name}-{os.getpid()}"
+    try:
+        injected = faults.Faults.parse(args.faults, name)
+    except ValueError as e:
+        raise SystemExit(f"pdmesh {role_name}: --faults: {e}") from None
     log.info("loading model %s on %s", args.model, args.device)
     member = await anyio.to_thread.run_sync(
         KvMember.create, role, name, args.model, args.device, args.kv_pages, args.page_size,
         args.dtype,
     )
+    if injected.active:
+        log.warning("FAULT INJECTION ACTIVE on %s: %s", name, injected)
+        member.faults = injected
     membership_ref: list[Membership] = []
     service = make_service(member, lambda: membership_ref[0].epoch if membership_ref else 0)
     running = await start_server(args.host, args.port, services(service))

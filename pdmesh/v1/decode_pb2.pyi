@@ -36,11 +36,19 @@ class Finish(_message.Message):
     def __init__(self, finish_reason: _Optional[str] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
 class DecodeEvent(_message.Message):
-    __slots__ = ("transfer", "tokens", "finish")
+    __slots__ = ("transfer", "tokens", "finish", "kv_arrived")
     TRANSFER_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
+    KV_ARRIVED_FIELD_NUMBER: _ClassVar[int]
     transfer: _common_pb2.TransferInfo
     tokens: TokenChunk
     finish: Finish
-    def __init__(self, transfer: _Optional[_Union[_common_pb2.TransferInfo, _Mapping]] = ..., tokens: _Optional[_Union[TokenChunk, _Mapping]] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ...) -> None: ...
+    kv_arrived: KvArrived
+    def __init__(self, transfer: _Optional[_Union[_common_pb2.TransferInfo, _Mapping]] = ..., tokens: _Optional[_Union[TokenChunk, _Mapping]] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., kv_arrived: _Optional[_Union[KvArrived, _Mapping]] = ...) -> None: ...
+
+class KvArrived(_message.Message):
+    __slots__ = ("prompt_tokens",)
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    prompt_tokens: int
+    def __init__(self, prompt_tokens: _Optional[int] = ...) -> None: ...

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 ABORT_WAIT_SECONDS = 5.0
 FENCE_ATTEMPTS = 5
+KV_WAIT_MARGIN = 0.5  # seconds of a request's budget kept for generating after the KV
 
 
 @dataclass
@@ -116,7 +117,12 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 f"prefill {request.prefill.name!r} epoch {request.prefill.epoch} "
                 "is not a live peer",
             )
-        room, pages = admit_room(self.table, pool, self.ended, key, pool.pages_for(total), budget)
+        # The KV must land with time left to generate: the wait for it ends a little
+        # before the call's own deadline, and fails typed, on our terms.
+        wait_budget = budget - min(KV_WAIT_MARGIN, budget / 4)
+        room, pages = admit_room(
+            self.table, pool, self.ended, key, pool.pages_for(total), wait_budget
+        )
         slot = Slot(
             key=key,
             room=room,
@@ -153,6 +159,8 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 state = await slot.room.wait_terminal()
                 if state is RoomState.SUCCESS:
                     ready = slot.ready
+                    arrived = dpb.KvArrived(prompt_tokens=ready.prompt_tokens)
+                    await context.write(dpb.DecodeEvent(kv_arrived=arrived))
                     seq = self.batcher.admit(
                         slot.pages, ready.prompt_tokens, ready.first_token, params
                     )
@@ -170,7 +178,12 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             cause = FailureCause.DEADLINE
             raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "decode deadline") from None
         except anyio.get_cancelled_exc_class():
-            cause = FailureCause.CLIENT_DISCONNECT
+            # gRPC cancels the handler when the caller leaves or its deadline passes
+            if time.monotonic() >= deadline - 0.01:
+                cause = FailureCause.DEADLINE
+                self.counters.deadline_expired_total += 1
+            else:
+                cause = FailureCause.CLIENT_DISCONNECT
             raise
         except BaseException:
             cause = cause or FailureCause.INTERNAL
@@ -234,6 +247,8 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 await self._kv_expected.wait()
                 delay = self.config.notif_poll_min
             notifs = self.member.agent.get_notifs()
+            if notifs and self.member.faults.delay_notifications:
+                await anyio.sleep(self.member.faults.delay_notifications)
             for _peer, payload in notifs:
                 self._on_notification(payload)
             self._expire_rooms()  # after the drain: see RoomTable.expire

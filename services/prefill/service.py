@@ -85,6 +85,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         self.scheduler = PrefillScheduler(member.engine, config.max_batch_tokens)
         self.counters = Counters()
         member.on_peer_lost.append(self.on_peer_lost)
+        self._failures_to_inject = member.faults.fail_prefills  # off unless injected
 
     # ---- admission ---------------------------------------------------------------
 
@@ -142,7 +143,12 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             self.counters.transfer_failed_total += 1
             raise RpcError(grpc.StatusCode.UNAVAILABLE, f"KV transfer failed: {e}") from e
         except anyio.get_cancelled_exc_class():
-            cause = FailureCause.CLIENT_DISCONNECT
+            # gRPC cancels the handler when the caller leaves or its deadline passes
+            if time.monotonic() >= job.room.deadline - 0.01:
+                cause = FailureCause.DEADLINE
+                self.counters.deadline_expired_total += 1
+            else:
+                cause = FailureCause.CLIENT_DISCONNECT
             raise
         except BaseException:
             cause = cause or FailureCause.INTERNAL
@@ -163,10 +169,13 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         sent = 0
         logits = None
         started = time.perf_counter()
+        faults = member.faults
         for start in range(0, n, self.config.chunk_tokens):
             chunk = tokens[start : start + self.config.chunk_tokens]
             logits = await self.scheduler.prefill(chunk, job.pages, start)
             done = start + len(chunk)
+            if done < n and faults.pause_between_chunks:  # W4's window: a write not yet posted
+                await anyio.sleep(faults.pause_between_chunks)
             if done < n:  # the last page always waits for the final, notifying write
                 full = done // page_size
                 if full > sent:
@@ -175,6 +184,9 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             await context.write(
                 ppb.PrefillEvent(progress=ppb.PrefillProgress(tokens_done=done, pages_sent=sent))
             )
+            if self._failures_to_inject > 0:
+                self._failures_to_inject -= 1
+                raise RpcError(grpc.StatusCode.UNAVAILABLE, "injected fault: fail_prefills")
         first = sample(logits, sampling, 0)
         ready = cpb.KvReady(
             key=info.key,
@@ -186,7 +198,10 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         deadline = room.deadline
         for transfer in job.transfers:  # earlier chunks land before the notifying write
             await wait(transfer, deadline)
-        final = self._write(job, range(sent, len(dst)), dst, ready.SerializeToString())
+        if faults.delay_kv_ready:
+            await anyio.sleep(faults.delay_kv_ready)
+        notif = None if faults.drop_kv_ready else ready.SerializeToString()
+        final = self._write(job, range(sent, len(dst)), dst, notif)
         await wait(final, deadline)
         room.transition(RoomState.SUCCESS, time.monotonic())
         elapsed = time.perf_counter() - started
@@ -198,7 +213,10 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             bytes_written=len(dst) * pool.page_bytes,
             transfer_seconds=elapsed,
         )
-        await context.write(ppb.PrefillEvent(result=result))
+        if faults.delay_transfer_result:
+            await anyio.sleep(faults.delay_transfer_result)
+        if not faults.drop_transfer_result:
+            await context.write(ppb.PrefillEvent(result=result))
 
     def _write(self, job: Job, pages: range, dst: list[int], notif: bytes | None):
         src = [job.pages[i] for i in pages]
@@ -242,6 +260,8 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         job = self.jobs.get(key)
         if job is None:
             return cpb.AbortAck(key=request.key, known=False, released=True)
+        if self.member.faults.delay_abort:
+            await anyio.sleep(self.member.faults.delay_abort)
         self._cancel(job, reason)
         with anyio.move_on_after(ABORT_WAIT_SECONDS):
             await job.released.wait()

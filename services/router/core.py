@@ -35,14 +35,17 @@ from services.router.pairing import NoPair, Pair, Pairing
 log = logging.getLogger(__name__)
 
 ABORT_SECONDS = 2.0
+KV_ARRIVAL_GRACE = 5.0  # after the prefill's TransferResult, for the decode's first token
 
 
 class MeshError(Exception):
     """The mesh failed this request; `code` is the gRPC status that best describes it."""
 
-    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE):
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+                 pair: Pair | None = None):
         super().__init__(message)
         self.code = code
+        self.pair = pair  # the attempt's pair, when one was picked
 
 
 @dataclass
@@ -89,21 +92,58 @@ class RoomMinter:
 
 
 class MeshClient:
-    def __init__(self, pairing: Pairing, default_budget: float = 300.0):
+    def __init__(self, pairing: Pairing, default_budget: float = 300.0, retries: int = 1,
+                 on_retry=lambda: None):
         self.pairing = pairing
+        self.on_retry = on_retry
         self.minter = RoomMinter()
         self.default_budget = default_budget
+        self.retries = retries
         self.aborts: dict[str, int] = {}
+        self.retries_total = 0
 
     async def generate(
         self, prompt: list[int], sampling: cpb.SamplingParams, budget: float | None = None
     ) -> AsyncIterator[Tokens | Finished]:
-        """Run one request; yields Tokens then one Finished, or raises MeshError."""
+        """Run one request; yields Tokens then one Finished, or raises MeshError.
+
+        An attempt that fails UNAVAILABLE (a peer lost, a transfer failed) before
+        any token reached the caller is retried on another pair if one exists, with
+        a new room. The retry starts only once the failed attempt's legs were
+        aborted and acknowledged: `_attempt` awaits its Aborts before it raises.
+        """
         budget = budget or self.default_budget
         deadline = time.monotonic() + budget
+        avoid: frozenset[str] = frozenset()
+        for attempt in range(self.retries + 1):
+            yielded = False
+            try:
+                async for event in self._attempt(prompt, sampling, deadline, avoid):
+                    yielded = True
+                    yield event
+                return
+            except MeshError as e:
+                retry = (
+                    not yielded
+                    and attempt < self.retries
+                    and e.code == grpc.StatusCode.UNAVAILABLE
+                    and e.pair is not None
+                    and time.monotonic() < deadline
+                )
+                if not retry:
+                    raise
+                self.retries_total += 1
+                self.on_retry()
+                avoid = frozenset({e.pair.prefill.member.name, e.pair.decode.member.name})
+                log.warning("retrying after %s (attempt %d)", e, attempt + 1)
+
+    async def _attempt(
+        self, prompt: list[int], sampling: cpb.SamplingParams, deadline: float,
+        avoid: frozenset[str],
+    ) -> AsyncIterator[Tokens | Finished]:
         key = self.minter.mint()
         try:
-            pair = self.pairing.pick()
+            pair = self.pairing.pick(avoid)
         except NoPair as e:
             raise MeshError(str(e), grpc.StatusCode.UNAVAILABLE) from None
         with pair:
@@ -119,16 +159,17 @@ class MeshClient:
             except grpc.aio.AioRpcError as e:
                 if legs.lost is not None:
                     reason = "peer_lost"
-                    raise MeshError(legs.lost, grpc.StatusCode.UNAVAILABLE) from None
+                    raise MeshError(legs.lost, grpc.StatusCode.UNAVAILABLE, pair) from None
                 reason = _reason_for(e.code())
-                raise MeshError(f"{e.code().name}: {e.details()}", e.code()) from None
-            except MeshError:
+                raise MeshError(f"{e.code().name}: {e.details()}", e.code(), pair) from None
+            except MeshError as e:
+                e.pair = pair
                 raise
             except (anyio.get_cancelled_exc_class(), GeneratorExit):
                 if legs.lost is not None and not _task_cancelling():
                     # our own call.cancel() from lose(), not the task being cancelled
                     reason = "peer_lost"
-                    raise MeshError(legs.lost, grpc.StatusCode.UNAVAILABLE) from None
+                    raise MeshError(legs.lost, grpc.StatusCode.UNAVAILABLE, pair) from None
                 reason = "client_disconnect"
                 raise
             finally:
@@ -187,6 +228,18 @@ class _Legs:
             why = result.error if result is not None else "no TransferResult"
             raise MeshError(f"prefill failed: {why}")
         self.prefill_done = True
+        # The prefill says every page was written; a decode that still sees no KvReady
+        # after the grace is a lost notification, reported as one, not a 300 s hang.
+        arrived = None
+        with anyio.move_on_after(KV_ARRIVAL_GRACE):
+            arrived = await self.decode_call.read()
+        if arrived is None:
+            raise MeshError(
+                f"the prefill wrote the KV but the decode saw no KvReady within "
+                f"{KV_ARRIVAL_GRACE:.0f} s", grpc.StatusCode.UNAVAILABLE,
+            )
+        if arrived is grpc.aio.EOF or not arrived.HasField("kv_arrived"):
+            raise MeshError("decode did not confirm the KV's arrival", grpc.StatusCode.INTERNAL)
         while True:
             event = await self.decode_call.read()
             if event is grpc.aio.EOF:

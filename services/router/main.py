@@ -43,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--request-timeout", type=float, default=300.0, help="per-request budget in seconds"
     )
+    parser.add_argument(
+        "--retries", type=int, default=1,
+        help="retries of a request whose attempt failed UNAVAILABLE before its first token, "
+        "on another pair when one exists, after the failed legs were aborted (default 1)",
+    )
 
 
 class _QuietServer(uvicorn.Server):
@@ -64,8 +69,11 @@ async def serve(args: argparse.Namespace) -> None:
     config, tokenizer = await anyio.to_thread.run_sync(load_tokenizer, args.model)
     model_id = served_model_id(args.model)
     pairing = Pairing()
-    mesh = MeshClient(pairing, default_budget=args.request_timeout)
     metrics = RouterMetrics(name)
+    mesh = MeshClient(
+        pairing, default_budget=args.request_timeout, retries=args.retries,
+        on_retry=metrics.retry,
+    )
     backend = MeshBackend(model_id, config, tokenizer, mesh, metrics)
     grpc_api = GenerateService(backend, name)
     running = await start_server(

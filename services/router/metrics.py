@@ -25,6 +25,12 @@ class RouterMetrics:
             [*names, "reason"],
             registry=self.registry,
         )
+        self.retries = Counter(
+            "pdmesh_retries",
+            "Attempts retried after failing UNAVAILABLE before their first token",
+            names,
+            registry=self.registry,
+        ).labels(**labels)
         self.ttft = Histogram(
             "pdmesh_time_to_first_token_seconds",
             "Time to first token",
@@ -42,6 +48,9 @@ class RouterMetrics:
 
     def outcome(self, outcome: str) -> None:
         self.requests.labels(**self._labels, outcome=outcome).inc()
+
+    def retry(self) -> None:
+        self.retries.inc()
 
     def abort(self, reason: str) -> None:
         self.aborts.labels(**self._labels, reason=reason).inc()

@@ -76,15 +76,20 @@ class Pairing:
     def members(self, role: int) -> list[Endpoint]:
         return [e for e in self.endpoints.values() if e.member.role == role]
 
-    def pick(self) -> Pair:
-        """The least loaded compatible pair; ties broken by name for determinism."""
-        best: tuple[int, str, str] | None = None
+    def pick(self, avoid: frozenset[str] = frozenset()) -> Pair:
+        """The least loaded compatible pair; ties broken by name for determinism.
+
+        Members in `avoid` (those a failed attempt just used) are taken only when
+        no other compatible pair exists.
+        """
+        best: tuple[int, int, str, str] | None = None
         pair: Pair | None = None
         for p in self.members(cpb.PREFILL):
             for d in self.members(cpb.DECODE):
                 if layout_mismatch(p.member.layout, d.member.layout) is not None:
                     continue
-                score = (p.inflight + d.inflight, p.member.name, d.member.name)
+                avoided = (p.member.name in avoid) + (d.member.name in avoid)
+                score = (avoided, p.inflight + d.inflight, p.member.name, d.member.name)
                 if best is None or score < best:
                     best, pair = score, Pair(p, d)
         if pair is None:
