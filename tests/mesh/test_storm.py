@@ -1,24 +1,102 @@
-"""`pdmesh storm --mode abort` against a real mesh: every wave quiesces, verdict PASS."""
+"""`pdmesh storm` against a real mesh, one small storm per mode: each must PASS, and its
+JSON must show that the faults really happened (cancels, kills, restarts)."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
 import sys
 
+from pdmesh.localmesh import start_mesh
+from pdmesh.storm import MODES, add_arguments
+from pdmesh.storm.agentic import Conversation, Plan, compare
 
-def test_small_abort_storm_passes(tiny_mesh, tmp_path):
-    out = tmp_path / "storm.json"
+ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def storm(mesh, out, *flags: str, timeout: float = 300) -> dict:
+    """Run `pdmesh storm` against `mesh`; assert PASS; return its JSON."""
     run = subprocess.run(
-        [sys.executable, "-m", "pdmesh.cli", "storm", "--mode", "abort",
-         "--router", tiny_mesh.router, "--bootstrap", tiny_mesh.bootstrap,
-         "--waves", "3", "--concurrency", "12", "--prompt-words", "200",
-         "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "pdmesh.cli", "storm", "--router", mesh.router,
+         "--bootstrap", mesh.bootstrap, "--out", str(out), *flags],
+        capture_output=True, text=True, timeout=timeout, env=ENV,
     )
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-3000:]
     assert "verdict: PASS" in run.stdout
     result = json.loads(out.read_text())
+    assert result["ok"] and all(c["ok"] for c in result["checks"])
+    assert result["timeline"] and "aborts_by_reason" in result["timeline"][-1]
+    return result
+
+
+def test_help_explains_every_mode_and_flag():
+    parser = argparse.ArgumentParser(prog="pdmesh storm")
+    add_arguments(parser)
+    text = parser.format_help()
+    for mode in MODES:
+        assert f"\n  {mode} " in text
+    for action in parser._actions:
+        assert action.help, action.option_strings
+
+
+def test_agentic_compare_names_the_first_differing_round():
+    plan = Plan(0, ["a", "b", "c"], [0.1, 0.1, 0.1])
+    same = Conversation([[1, 2], [3], [4]])
+    assert compare(plan, same, Conversation([[1, 2], [3], [4]])) == {"session": 0, "ok": True}
+    bad = compare(plan, same, Conversation([[1, 2], [5], [6]]))
+    assert bad["corrupt_round"] == 1 and bad["storm"] == [3] and bad["replay"] == [5]
+    assert "failed" in compare(plan, same, Conversation([[1, 2]], error="UNAVAILABLE"))
+
+
+def test_small_abort_storm_passes(tiny_mesh, tmp_path):
+    result = storm(tiny_mesh, tmp_path / "storm.json", "--mode", "abort", "--waves", "3",
+                   "--concurrency", "12", "--prompt-words", "200")
     assert len(result["quiesce_s"]) == 3 and max(result["quiesce_s"]) <= 1.0
     cancelled = sum(v for k, v in result["outcomes"].items() if k.startswith("cancelled"))
     assert cancelled >= 30  # the storm really aborted requests mid-flight
+
+
+def test_small_agentic_storm_has_no_corrupt_session(tiny_mesh, tmp_path):
+    result = storm(tiny_mesh, tmp_path / "agentic.json", "--mode", "agentic",
+                   "--sessions", "6", "--rounds", "2")
+    assert result["corrupt"] == 0 and result["failed"] == 0
+    assert [v.get("ok") for v in result["verdicts"]] == [True] * 6
+    assert result["outcomes"]["completed"] == 6 * 2  # every round's real request
+    assert result["cancels"] >= 6  # most of the 12 pre-round requests were cut mid-flight
+    assert result["tokens_compared"] >= 6 * 2  # replies were compared, not empty lists
+
+
+def test_small_cascade_storm_quiesces_and_stays_alive(tiny_mesh, tmp_path):
+    result = storm(tiny_mesh, tmp_path / "cascade.json", "--mode", "cascade",
+                   "--sessions", "8", "--kill-after", "3", "--cycles", "1")
+    (cycle,) = result["cycles"]
+    assert cycle["client"]["inflight"] >= 1 and cycle["mesh_at_kill"]["kv_pages_used"] > 0
+    assert cycle["aborts_by_reason"].get("client_disconnect", 0) >= 1  # the kill aborted them
+    assert cycle["quiet_s"] is not None and cycle["quiet_s"] <= 5.0
+    assert [c["ok"] for c in result["liveness"]] == [True] * 3
+    assert all(c["tokens"] >= 1 for c in result["liveness"])
+
+
+def test_restart_storm_kills_and_recovers_one_role(tmp_path):
+    target = "decode"
+    mesh = start_mesh(tmp_path, model="tiny", extra_env={"OMP_WAIT_POLICY": "PASSIVE"})
+    try:
+        result = storm(mesh, tmp_path / "restart.json", "--mode", "restart",
+                       "--target", target, "--restarts", "2", "--concurrency", "4",
+                       "--interval", "1", "--settle", "4")
+        log = mesh.log()
+    finally:
+        mesh.stop()
+    kills = result["kills"]
+    assert len(kills) == 2 and all(k["back_s"] is not None for k in kills)
+    epochs = [kills[0]["epoch"]] + [k["new_epoch"] for k in kills]
+    assert len(set(epochs)) == 3 and kills[1]["epoch"] == kills[0]["new_epoch"]
+    assert kills[0]["new_pid"] != kills[0]["pid"] and kills[1]["pid"] == kills[0]["new_pid"]
+    assert f"{target}-0 exited" in log and "restart #2" in log
+    assert all(k["inflight_at_kill"] >= 1 for k in kills)  # the load was on at each kill
+    assert all(s <= 3.0 for k in kills for s in k["kill_to_fail_s"])
+    assert result["settle"]["requests"] > 0
+    assert set(result["settle"]["outcomes"]) == {"completed"}
+    assert result["survivors_start"] == result["survivors_end"]  # the other role stayed up
