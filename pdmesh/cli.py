@@ -22,7 +22,7 @@ pdmesh: a prefill/decode-disaggregated LLM serving mesh.
   pdmesh status [--json]     members, live counters and pinned rooms
   pdmesh debug dump MEMBER   every thread's and asyncio task's stack of a live service
   pdmesh generate PROMPT     stream a completion through the router's gRPC API
-  pdmesh storm               abort storms against a running mesh: timeline and verdict
+  pdmesh storm               abort|agentic|cascade|restart storms: timeline and verdict
   pdmesh bench               latency and throughput against a running mesh
 """
 

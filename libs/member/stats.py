@@ -24,14 +24,17 @@ class Counters:
 
     def stats(self, role: int, name: str, epoch: int, healthy: bool, table: RoomTable,
               pool: KvPool, peer_of: Callable[[RoomKey], str] = lambda key: "",
-              pinned_after: float = PINNED_AFTER) -> cpb.MemberStats:
+              pinned_after: float = PINNED_AFTER, requests: int | None = None
+              ) -> cpb.MemberStats:
+        """`requests`: the member's requests not yet released (a decoding sequence
+        is in flight although its room already succeeded); default the live rooms."""
         rooms = {state.name.lower(): count for state, count in table.counts().items() if count}
         return cpb.MemberStats(
             role=role,
             name=name,
             epoch=epoch,
             healthy=healthy,
-            inflight=table.inflight,
+            inflight=max(table.inflight, requests or 0),
             kv_pages_used=pool.used,
             kv_pages_total=pool.num_pages,
             rooms=rooms,

@@ -252,9 +252,17 @@ class _Legs:
                 return
 
     async def abort(self, reason: str) -> None:
-        for call in (self.prefill_call, self.decode_call):
-            if call is not None:
-                call.cancel()
+        """Abort (with the reason) before cancelling the calls, so each member records
+        why its leg ended, not just that its caller left; the calls are cancelled
+        whatever the Aborts' outcome."""
+        try:
+            await self._send_aborts(reason)
+        finally:
+            for call in (self.prefill_call, self.decode_call):
+                if call is not None:
+                    call.cancel()
+
+    async def _send_aborts(self, reason: str) -> None:
         fenced = self.prefill_done
         # A writer that left is not asked: its epoch ending is the decode's fence.
         if not fenced and self.lost_member != self.pair.prefill.member.name:

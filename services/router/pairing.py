@@ -76,6 +76,13 @@ class Pairing:
     def members(self, role: int) -> list[Endpoint]:
         return [e for e in self.endpoints.values() if e.member.role == role]
 
+    def reachable(self, role: int) -> list[Endpoint]:
+        """Members whose channel is not failing to connect. A member that died is still
+        registered until its lease ends; pairing with it would reserve pages on its
+        partner for a request that cannot run."""
+        failing = grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        return [e for e in self.members(role) if e.channel.get_state() != failing]
+
     def pick(self, avoid: frozenset[str] = frozenset()) -> Pair:
         """The least loaded compatible pair; ties broken by name for determinism.
 
@@ -84,8 +91,8 @@ class Pairing:
         """
         best: tuple[int, int, str, str] | None = None
         pair: Pair | None = None
-        for p in self.members(cpb.PREFILL):
-            for d in self.members(cpb.DECODE):
+        for p in self.reachable(cpb.PREFILL):
+            for d in self.reachable(cpb.DECODE):
                 if layout_mismatch(p.member.layout, d.member.layout) is not None:
                     continue
                 avoided = (p.member.name in avoid) + (d.member.name in avoid)
@@ -93,7 +100,7 @@ class Pairing:
                 if best is None or score < best:
                     best, pair = score, Pair(p, d)
         if pair is None:
-            raise NoPair("no registered prefill/decode pair with matching KV layouts")
+            raise NoPair("no reachable prefill/decode pair with matching KV layouts")
         return pair
 
     def can_serve(self) -> tuple[bool, str]:

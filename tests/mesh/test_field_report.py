@@ -153,11 +153,11 @@ async def test_m02_a_client_gone_between_chunks_aborts_both_legs(paused_mesh):
     both legs and both members release at once; the prefill does not wait out its
     pause to compute the remaining chunks."""
     before = {m["role"]: m for m in (await status(paused_mesh))["members"]}
-    with anyio.move_on_after(0.4):
+    with anyio.move_on_after(0.3):  # chunk 1 computed; the pause lasts until ~PAUSE
         await generate(paused_mesh, words(700), 16)
     left = time.monotonic()
-    await anyio.to_thread.run_sync(wait_quiet, paused_mesh, PAUSE * 0.6)
-    assert time.monotonic() - left < PAUSE * 0.6
+    await anyio.to_thread.run_sync(wait_quiet, paused_mesh, PAUSE * 0.3)
+    assert time.monotonic() - left < PAUSE * 0.3
     after = {m["role"]: m for m in (await status(paused_mesh))["members"]}
     for role in ("prefill", "decode"):
         gone = after[role]["aborts_by_reason"].get("client_disconnect", 0)
@@ -198,16 +198,19 @@ async def test_m03_a_late_write_never_lands_in_another_requests_pages(w4_mesh):
         quarantined = await member(w4_mesh, "decode")
         assert quarantined["kv_pages_used"] == len(info.dst_pages) + 1  # held, not freed
         b_ids, _ = await generate(w4_mesh, prompt_b, 600, ignore_eos=True)
-        with pytest.raises(grpc.aio.AioRpcError) as err:
+        try:
             async for _ in a_prefill:
                 pass
-        assert err.value.code() == grpc.StatusCode.ABORTED  # the decode's own fence
+            a_end = grpc.StatusCode.OK
+        except grpc.aio.AioRpcError as e:
+            a_end = e.code()
     finally:
         await d_channel.close()
         await p_channel.close()
     await anyio.to_thread.run_sync(wait_quiet, w4_mesh, 5.0)
     alone, _ = await generate(w4_mesh, prompt_b, 600, ignore_eos=True)
     assert b_ids == alone
+    assert a_end == grpc.StatusCode.ABORTED  # stopped by the decode's own fence request
 
 
 # ---- 4. room ids taken from clients, or reused ----------------------------------------
