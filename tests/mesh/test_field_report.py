@@ -198,19 +198,21 @@ async def test_m03_a_late_write_never_lands_in_another_requests_pages(w4_mesh):
         quarantined = await member(w4_mesh, "decode")
         assert quarantined["kv_pages_used"] == len(info.dst_pages) + 1  # held, not freed
         b_ids, _ = await generate(w4_mesh, prompt_b, 600, ignore_eos=True)
-        try:
-            async for _ in a_prefill:
-                pass
-            a_end = grpc.StatusCode.OK
-        except grpc.aio.AioRpcError as e:
-            a_end = e.code()
+        a_end = None
+        with anyio.move_on_after(10):
+            try:
+                async for _ in a_prefill:
+                    pass
+                a_end = grpc.StatusCode.OK
+            except grpc.aio.AioRpcError as e:
+                a_end = e.code()
+        alone, _ = await generate(w4_mesh, prompt_b, 600, ignore_eos=True)
     finally:
         await d_channel.close()
         await p_channel.close()
-    await anyio.to_thread.run_sync(wait_quiet, w4_mesh, 5.0)
-    alone, _ = await generate(w4_mesh, prompt_b, 600, ignore_eos=True)
     assert b_ids == alone
     assert a_end == grpc.StatusCode.ABORTED  # stopped by the decode's own fence request
+    await anyio.to_thread.run_sync(wait_quiet, w4_mesh, 5.0)
 
 
 # ---- 4. room ids taken from clients, or reused ----------------------------------------
