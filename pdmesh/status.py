@@ -33,6 +33,7 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
         "pid": None,
         "deadline_expired_total": None,
         "aborts_by_reason": {},
+        "prompt_tokens_computed_total": None,
     }
     channel = open_channel(member.address)
     try:
@@ -49,6 +50,7 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
             pid=stats.pid or None,
             deadline_expired_total=stats.deadline_expired_total,
             aborts_by_reason=dict(stats.aborts_by_reason),
+            prompt_tokens_computed_total=stats.prompt_tokens_computed_total,
             pinned=[
                 {
                     "room": p.room, "generation": p.generation,

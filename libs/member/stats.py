@@ -20,6 +20,7 @@ class Counters:
     requests_total: int = 0
     transfer_failed_total: int = 0
     deadline_expired_total: int = 0
+    prompt_tokens_computed_total: int = 0
     aborts: Counter[str] = field(default_factory=Counter)
 
     def stats(self, role: int, name: str, epoch: int, healthy: bool, table: RoomTable,
@@ -45,6 +46,7 @@ class Counters:
             pid=os.getpid(),
             deadline_expired_total=self.deadline_expired_total,
             aborts_by_reason=dict(self.aborts),
+            prompt_tokens_computed_total=self.prompt_tokens_computed_total,
         )
 
 

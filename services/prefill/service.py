@@ -173,6 +173,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         for start in range(0, n, self.config.chunk_tokens):
             chunk = tokens[start : start + self.config.chunk_tokens]
             logits = await self.scheduler.prefill(chunk, job.pages, start)
+            self.counters.prompt_tokens_computed_total += len(chunk)
             done = start + len(chunk)
             if done < n and faults.pause_between_chunks:  # W4's window: a write not yet posted
                 await anyio.sleep(faults.pause_between_chunks)

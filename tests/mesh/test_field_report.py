@@ -150,8 +150,8 @@ async def test_m01_raw_frames_and_garbage_kill_no_loop(tiny_mesh):
 
 async def test_m02_a_client_gone_between_chunks_aborts_both_legs(paused_mesh):
     """The client leaves while the prefill sits between two chunks: the router cancels
-    both legs and both members release at once; the prefill does not wait out its
-    pause to compute the remaining chunks."""
+    both legs and both members release at once, and the prefill never computes the
+    remaining chunks (its prompt-token counter stops at the first chunk's 256)."""
     before = {m["role"]: m for m in (await status(paused_mesh))["members"]}
     with anyio.move_on_after(0.3):  # chunk 1 computed; the pause lasts until ~PAUSE
         await generate(paused_mesh, words(700), 16)
@@ -162,6 +162,9 @@ async def test_m02_a_client_gone_between_chunks_aborts_both_legs(paused_mesh):
     for role in ("prefill", "decode"):
         gone = after[role]["aborts_by_reason"].get("client_disconnect", 0)
         assert gone == before[role]["aborts_by_reason"].get("client_disconnect", 0) + 1, role
+    await anyio.sleep(PAUSE * 2.5)  # long enough for the other two chunks, had they run
+    computed = (await member(paused_mesh, "prefill"))["prompt_tokens_computed_total"]
+    assert computed - before["prefill"]["prompt_tokens_computed_total"] == 256  # chunk 1 only
 
 
 # ---- 3. freeing decode pages while a write into them can still land (W4) ------------
