@@ -191,6 +191,8 @@ class Engine:
             cache.index_copy_(0, write_rows + off, new_kv)
             kv = cache.index_select(0, read_rows + off).view(2, b, hkv, kv_len, d)
             x = x + F.linear(_attend(q, kv[0], kv[1], mask), lw.wo)
+            if should_stop is not None and should_stop():  # and halfway: a long pack's
+                raise ForwardCancelled(f"stopped in layer {layer}")  # layer is ~40 ms on CPU
             x = x + swiglu_mlp(rms_norm(x, lw.ffn_norm, c.norm_eps), lw)
         x = x[0, out_index] if out_index is not None else x[:, -1]  # only these logits are used
         x = rms_norm(x, w.norm, c.norm_eps)

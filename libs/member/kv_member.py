@@ -78,6 +78,7 @@ class KvMember:
     # Signs this decode's TransferInfo grants; a new key per process (libs/member/grant.py).
     grant_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     faults: Faults = field(default_factory=Faults)  # off unless named (libs/faults)
+    pinned_after: float = 30.0  # seconds a live room may go without progress (status)
 
     @classmethod
     def create(

@@ -40,6 +40,10 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str, pages: int)
     )
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     parser.add_argument(
+        "--pinned-after", type=float, default=30.0, metavar="S",
+        help="report a live room as pinned after S seconds without progress (default 30)",
+    )
+    parser.add_argument(
         "--faults", default=os.environ.get(faults.ENV, ""), metavar="SPEC",
         help="TEST ONLY: fault injection points, e.g. 'pause_between_chunks=2,"
         "decode-0:delay_notifications=0.5' (default: none, or $PDMESH_FAULTS; see libs/faults)",
@@ -65,6 +69,7 @@ async def serve_member(
         KvMember.create, role, name, args.model, args.device, args.kv_pages, args.page_size,
         args.dtype,
     )
+    member.pinned_after = args.pinned_after
     if injected.active:
         log.warning("FAULT INJECTION ACTIVE on %s: %s", name, injected)
         member.faults = injected

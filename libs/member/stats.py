@@ -12,7 +12,10 @@ from libs.engine.kvpool import KvPool
 from libs.kvpoll import RoomKey, RoomTable
 from pdmesh.v1 import common_pb2 as cpb
 
-PINNED_AFTER = 10.0  # seconds without a state change before a live room counts as pinned
+# Seconds without a state change before a live room counts as pinned: long enough that a
+# request queued behind a busy member is not flagged (vLLM's KV lease is 30 s), far below
+# the field report's 16 minutes.
+PINNED_AFTER = 30.0
 
 
 @dataclass

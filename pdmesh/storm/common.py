@@ -67,6 +67,9 @@ def row(status: dict, t: float, lives: dict | None = None) -> dict:
         "aborts": sum(reasons.values()),
         "aborts_by_reason": dict(sorted(reasons.items())),
         "pinned": sum(len(m["pinned"]) for m in kv),
+        # the evidence, when there is some: who holds the room, in which state, how long
+        **({"pinned_rooms": [{"member": m["name"], **p} for m in kv for p in m["pinned"]]}
+           if any(m["pinned"] for m in kv) else {}),
         "up": sum(1 for m in kv if m["healthy"]),
         "epochs": {m["name"]: m["epoch"] for m in kv},
     }

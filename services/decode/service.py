@@ -381,7 +381,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
     async def Stats(self, request, context):
         return self.counters.stats(
             cpb.DECODE, self.member.name, self.epoch(), not self.batcher.stalled(), self.table,
-            self.member.pool, requests=len(self.slots),
+            self.member.pool, pinned_after=self.member.pinned_after, requests=len(self.slots),
             peer_of=self._writer_name,
         )
 

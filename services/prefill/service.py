@@ -288,7 +288,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
     async def Stats(self, request, context):
         return self.counters.stats(
             cpb.PREFILL, self.member.name, self.epoch(), not self.scheduler.stalled(), self.table,
-            self.member.pool, requests=len(self.jobs),
+            self.member.pool, pinned_after=self.member.pinned_after, requests=len(self.jobs),
             peer_of=lambda key: self.jobs[key].peer.member.name if key in self.jobs else "",
         )
 
