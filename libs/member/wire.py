@@ -49,3 +49,23 @@ def check_tokens(tokens, vocab_size: int, max_len: int) -> list[int]:
     if max(ids) >= vocab_size:
         raise invalid(f"token id {max(ids)} outside the vocabulary of {vocab_size}")
     return ids
+
+
+def check_abort_ends(named_me: cpb.PeerRef, me: cpb.PeerRef,
+                     named_peer: cpb.PeerRef, room_peer: cpb.PeerRef | None) -> None:
+    """Refuse an Abort meant for another life of this member, or for another pair's room.
+
+    Empty refs are not checked: the room id alone (128 random bits) names the room.
+    """
+    if named_me.name and named_me != me:
+        raise RpcError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"stale Abort: it names {named_me.name} epoch {named_me.epoch}, "
+            f"this is {me.name} epoch {me.epoch}",
+        )
+    if named_peer.name and room_peer is not None and named_peer != room_peer:
+        raise RpcError(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"Abort names peer {named_peer.name} epoch {named_peer.epoch}, but this room's "
+            f"peer is {room_peer.name} epoch {room_peer.epoch}",
+        )

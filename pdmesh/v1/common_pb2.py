@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pdmesh/v1/common.proto\x12\tpdmesh.v1\"+\n\x07RoomKey\x12\x0c\n\x04room\x18\x01 \x01(\x0c\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"&\n\x07PeerRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\x90\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\"\xa4\x01\n\x08KvLayout\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x05 \x01(\r\x12\x10\n\x08head_dim\x18\x06 \x01(\r\x12\x12\n\npage_bytes\x18\x07 \x01(\x04\x12\x17\n\x0ftransfer_format\x18\x08 \x01(\t\"U\n\x08KvRegion\x12\x11\n\tbase_addr\x18\x01 \x01(\x04\x12\x11\n\tnum_pages\x18\x02 \x01(\r\x12\x10\n\x08mem_type\x18\x03 \x01(\t\x12\x11\n\tdevice_id\x18\x04 \x01(\r\"\x94\x01\n\x0cTransferInfo\x12\x1f\n\x03key\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.RoomKey\x12\"\n\x06\x64\x65\x63ode\x18\x02 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\x12\x11\n\tdst_pages\x18\x03 \x03(\r\x12\r\n\x05grant\x18\x04 \x01(\x0c\x12\x1d\n\x15grant_expires_unix_ms\x18\x05 \x01(\x04\"\xc8\x01\n\x0eTransferResult\x12\x1f\n\x03key\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.RoomKey\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.pdmesh.v1.TransferStatus\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x13\n\x0b\x66irst_token\x18\x04 \x01(\r\x12\x15\n\rpages_written\x18\x05 \x01(\r\x12\x15\n\rbytes_written\x18\x06 \x01(\x04\x12\x18\n\x10transfer_seconds\x18\x07 \x01(\x01\"\x8e\x01\n\x07KvReady\x12\x1f\n\x03key\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.RoomKey\x12#\n\x07prefill\x18\x02 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\x12\x11\n\tnum_pages\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x13\n\x0b\x66irst_token\x18\x05 \x01(\r\"O\n\x05\x41\x62ort\x12\x1f\n\x03key\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.RoomKey\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rwriter_fenced\x18\x03 \x01(\x08\"q\n\x08\x41\x62ortAck\x12\x1f\n\x03key\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.RoomKey\x12\r\n\x05known\x18\x02 \x01(\x08\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.pdmesh.v1.RoomState\x12\x10\n\x08released\x18\x04 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xbf\x04\n\x0bMemberStats\x12\x1d\n\x04role\x18\x01 \x01(\x0e\x32\x0f.pdmesh.v1.Role\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\x12\x10\n\x08inflight\x18\x05 \x01(\r\x12\x15\n\rkv_pages_used\x18\x06 \x01(\r\x12\x16\n\x0ekv_pages_total\x18\x07 \x01(\r\x12\x30\n\x05rooms\x18\x08 \x03(\x0b\x32!.pdmesh.v1.MemberStats.RoomsEntry\x12\x1d\n\x15transfer_failed_total\x18\t \x01(\x04\x12\x14\n\x0c\x61\x62orts_total\x18\n \x01(\x04\x12\x16\n\x0erequests_total\x18\x0b \x01(\x04\x12%\n\x06pinned\x18\x0c \x03(\x0b\x32\x15.pdmesh.v1.PinnedRoom\x12\x0b\n\x03pid\x18\r \x01(\r\x12\x1e\n\x16\x64\x65\x61\x64line_expired_total\x18\x0e \x01(\x04\x12\x44\n\x10\x61\x62orts_by_reason\x18\x0f \x03(\x0b\x32*.pdmesh.v1.MemberStats.AbortsByReasonEntry\x12$\n\x1cprompt_tokens_computed_total\x18\x10 \x01(\x04\x1a,\n\nRoomsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x35\n\x13\x41\x62ortsByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x8c\x01\n\nPinnedRoom\x12\x0c\n\x04room\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.pdmesh.v1.RoomState\x12\x13\n\x0b\x61ge_seconds\x18\x04 \x01(\x01\x12\x14\n\x0cidle_seconds\x18\x05 \x01(\x01\x12\x0c\n\x04peer\x18\x06 \x01(\t\"\r\n\x0b\x44umpRequest\"r\n\tDumpReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12%\n\x07threads\x18\x03 \x03(\x0b\x32\x14.pdmesh.v1.StackDump\x12#\n\x05tasks\x18\x04 \x03(\x0b\x32\x14.pdmesh.v1.StackDump\"(\n\tStackDump\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05stack\x18\x02 \x01(\t*|\n\tRoomState\x12\x1a\n\x16ROOM_STATE_UNSPECIFIED\x10\x00\x12\x11\n\rBOOTSTRAPPING\x10\x01\x12\x15\n\x11WAITING_FOR_INPUT\x10\x02\x12\x10\n\x0cTRANSFERRING\x10\x03\x12\x0b\n\x07SUCCESS\x10\x04\x12\n\n\x06\x46\x41ILED\x10\x05*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tBOOTSTRAP\x10\x01\x12\x0b\n\x07PREFILL\x10\x02\x12\n\n\x06\x44\x45\x43ODE\x10\x03\x12\n\n\x06ROUTER\x10\x04*W\n\x0eTransferStatus\x12\x1f\n\x1bTRANSFER_STATUS_UNSPECIFIED\x10\x00\x12\x0f\n\x0bTRANSFER_OK\x10\x01\x12\x13\n\x0fTRANSFER_FAILED\x10\x02\x32w\n\x05\x41\x64min\x12\x38\n\x05Stats\x12\x17.pdmesh.v1.StatsRequest\x1a\x16.pdmesh.v1.MemberStats\x12\x34\n\x04\x44ump\x12\x16.pdmesh.v1.DumpRequest\x1a\x14.pdmesh.v1.DumpReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pdmesh/v1/common.proto\x12\tpdmesh.v1\"+\n\x07RoomKey\x12\x0c\n\x04room\x18\x01 \x01(\x0c\x12\x12\n\ngeneration\x18\x02 \x01(\x04\"&\n\x07PeerRef\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\"\x90\x01\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\r\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\"\xa4\x01\n\x08KvLayout\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\x12\x12\n\nnum_layers\x18\x04 \x01(\r\x12\x14\n\x0cnum_kv_heads\x18\x05 \x01(\r\x12\x10\n\x08head_dim\x18\x06 \x01(\r\x12\x12\n\npage_bytes\x18\x07 \x01(\x04\x12\x17\n\x0ftransfer_format\x18\x08 \x01(\t\"U\n\x08KvRegion\x12\x11\n\tbase_addr\x18\x01 \x01(\x04\x12\x11\n\tnum_pages\x18\x02 \x01(\r\x12\x10\n\x08mem_type\x18\x03 \x01(\t\x12\x11\n\tdevice_id\x18\x04 \x01(\r\"\x94\x01\n\x0cTransferInfo\x12\x1f\n\x03key\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.RoomKey\x12\"\n\x06\x64\x65\x63ode\x18\x02 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\x12\x11\n\tdst_pages\x18\x03 \x03(\r\x12\r\n\x05grant\x18\x04 \x01(\x0c\x12\x1d\n\x15grant_expires_unix_ms\x18\x05 \x01(\x04\"\x91\x02\n\x0eTransferResult\x12\x1f\n\x03key\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.RoomKey\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.pdmesh.v1.TransferStatus\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x13\n\x0b\x66irst_token\x18\x04 \x01(\r\x12\x15\n\rpages_written\x18\x05 \x01(\r\x12\x15\n\rbytes_written\x18\x06 \x01(\x04\x12\x18\n\x10transfer_seconds\x18\x07 \x01(\x01\x12#\n\x07prefill\x18\x08 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\x12\"\n\x06\x64\x65\x63ode\x18\t \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\"\x8e\x01\n\x07KvReady\x12\x1f\n\x03key\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.RoomKey\x12#\n\x07prefill\x18\x02 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\x12\x11\n\tnum_pages\x18\x03 \x01(\r\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x13\n\x0b\x66irst_token\x18\x05 \x01(\r\"\x98\x01\n\x05\x41\x62ort\x12\x1f\n\x03key\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.RoomKey\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x15\n\rwriter_fenced\x18\x03 \x01(\x08\x12#\n\x07prefill\x18\x04 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\x12\"\n\x06\x64\x65\x63ode\x18\x05 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\"q\n\x08\x41\x62ortAck\x12\x1f\n\x03key\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.RoomKey\x12\r\n\x05known\x18\x02 \x01(\x08\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.pdmesh.v1.RoomState\x12\x10\n\x08released\x18\x04 \x01(\x08\"\x0e\n\x0cStatsRequest\"\xbf\x04\n\x0bMemberStats\x12\x1d\n\x04role\x18\x01 \x01(\x0e\x32\x0f.pdmesh.v1.Role\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x0f\n\x07healthy\x18\x04 \x01(\x08\x12\x10\n\x08inflight\x18\x05 \x01(\r\x12\x15\n\rkv_pages_used\x18\x06 \x01(\r\x12\x16\n\x0ekv_pages_total\x18\x07 \x01(\r\x12\x30\n\x05rooms\x18\x08 \x03(\x0b\x32!.pdmesh.v1.MemberStats.RoomsEntry\x12\x1d\n\x15transfer_failed_total\x18\t \x01(\x04\x12\x14\n\x0c\x61\x62orts_total\x18\n \x01(\x04\x12\x16\n\x0erequests_total\x18\x0b \x01(\x04\x12%\n\x06pinned\x18\x0c \x03(\x0b\x32\x15.pdmesh.v1.PinnedRoom\x12\x0b\n\x03pid\x18\r \x01(\r\x12\x1e\n\x16\x64\x65\x61\x64line_expired_total\x18\x0e \x01(\x04\x12\x44\n\x10\x61\x62orts_by_reason\x18\x0f \x03(\x0b\x32*.pdmesh.v1.MemberStats.AbortsByReasonEntry\x12$\n\x1cprompt_tokens_computed_total\x18\x10 \x01(\x04\x1a,\n\nRoomsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\x1a\x35\n\x13\x41\x62ortsByReasonEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"\x8c\x01\n\nPinnedRoom\x12\x0c\n\x04room\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x04\x12#\n\x05state\x18\x03 \x01(\x0e\x32\x14.pdmesh.v1.RoomState\x12\x13\n\x0b\x61ge_seconds\x18\x04 \x01(\x01\x12\x14\n\x0cidle_seconds\x18\x05 \x01(\x01\x12\x0c\n\x04peer\x18\x06 \x01(\t\"\r\n\x0b\x44umpRequest\"r\n\tDumpReply\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\x12%\n\x07threads\x18\x03 \x03(\x0b\x32\x14.pdmesh.v1.StackDump\x12#\n\x05tasks\x18\x04 \x03(\x0b\x32\x14.pdmesh.v1.StackDump\"(\n\tStackDump\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05stack\x18\x02 \x01(\t*|\n\tRoomState\x12\x1a\n\x16ROOM_STATE_UNSPECIFIED\x10\x00\x12\x11\n\rBOOTSTRAPPING\x10\x01\x12\x15\n\x11WAITING_FOR_INPUT\x10\x02\x12\x10\n\x0cTRANSFERRING\x10\x03\x12\x0b\n\x07SUCCESS\x10\x04\x12\n\n\x06\x46\x41ILED\x10\x05*P\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\r\n\tBOOTSTRAP\x10\x01\x12\x0b\n\x07PREFILL\x10\x02\x12\n\n\x06\x44\x45\x43ODE\x10\x03\x12\n\n\x06ROUTER\x10\x04*W\n\x0eTransferStatus\x12\x1f\n\x1bTRANSFER_STATUS_UNSPECIFIED\x10\x00\x12\x0f\n\x0bTRANSFER_OK\x10\x01\x12\x13\n\x0fTRANSFER_FAILED\x10\x02\x32w\n\x05\x41\x64min\x12\x38\n\x05Stats\x12\x17.pdmesh.v1.StatsRequest\x1a\x16.pdmesh.v1.MemberStats\x12\x34\n\x04\x44ump\x12\x16.pdmesh.v1.DumpRequest\x1a\x14.pdmesh.v1.DumpReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,12 +35,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MEMBERSTATS_ROOMSENTRY']._serialized_options = b'8\001'
   _globals['_MEMBERSTATS_ABORTSBYREASONENTRY']._loaded_options = None
   _globals['_MEMBERSTATS_ABORTSBYREASONENTRY']._serialized_options = b'8\001'
-  _globals['_ROOMSTATE']._serialized_start=2128
-  _globals['_ROOMSTATE']._serialized_end=2252
-  _globals['_ROLE']._serialized_start=2254
-  _globals['_ROLE']._serialized_end=2334
-  _globals['_TRANSFERSTATUS']._serialized_start=2336
-  _globals['_TRANSFERSTATUS']._serialized_end=2423
+  _globals['_ROOMSTATE']._serialized_start=2275
+  _globals['_ROOMSTATE']._serialized_end=2399
+  _globals['_ROLE']._serialized_start=2401
+  _globals['_ROLE']._serialized_end=2481
+  _globals['_TRANSFERSTATUS']._serialized_start=2483
+  _globals['_TRANSFERSTATUS']._serialized_end=2570
   _globals['_ROOMKEY']._serialized_start=37
   _globals['_ROOMKEY']._serialized_end=80
   _globals['_PEERREF']._serialized_start=82
@@ -54,29 +54,29 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TRANSFERINFO']._serialized_start=524
   _globals['_TRANSFERINFO']._serialized_end=672
   _globals['_TRANSFERRESULT']._serialized_start=675
-  _globals['_TRANSFERRESULT']._serialized_end=875
-  _globals['_KVREADY']._serialized_start=878
-  _globals['_KVREADY']._serialized_end=1020
-  _globals['_ABORT']._serialized_start=1022
-  _globals['_ABORT']._serialized_end=1101
-  _globals['_ABORTACK']._serialized_start=1103
-  _globals['_ABORTACK']._serialized_end=1216
-  _globals['_STATSREQUEST']._serialized_start=1218
-  _globals['_STATSREQUEST']._serialized_end=1232
-  _globals['_MEMBERSTATS']._serialized_start=1235
-  _globals['_MEMBERSTATS']._serialized_end=1810
-  _globals['_MEMBERSTATS_ROOMSENTRY']._serialized_start=1711
-  _globals['_MEMBERSTATS_ROOMSENTRY']._serialized_end=1755
-  _globals['_MEMBERSTATS_ABORTSBYREASONENTRY']._serialized_start=1757
-  _globals['_MEMBERSTATS_ABORTSBYREASONENTRY']._serialized_end=1810
-  _globals['_PINNEDROOM']._serialized_start=1813
-  _globals['_PINNEDROOM']._serialized_end=1953
-  _globals['_DUMPREQUEST']._serialized_start=1955
-  _globals['_DUMPREQUEST']._serialized_end=1968
-  _globals['_DUMPREPLY']._serialized_start=1970
-  _globals['_DUMPREPLY']._serialized_end=2084
-  _globals['_STACKDUMP']._serialized_start=2086
-  _globals['_STACKDUMP']._serialized_end=2126
-  _globals['_ADMIN']._serialized_start=2425
-  _globals['_ADMIN']._serialized_end=2544
+  _globals['_TRANSFERRESULT']._serialized_end=948
+  _globals['_KVREADY']._serialized_start=951
+  _globals['_KVREADY']._serialized_end=1093
+  _globals['_ABORT']._serialized_start=1096
+  _globals['_ABORT']._serialized_end=1248
+  _globals['_ABORTACK']._serialized_start=1250
+  _globals['_ABORTACK']._serialized_end=1363
+  _globals['_STATSREQUEST']._serialized_start=1365
+  _globals['_STATSREQUEST']._serialized_end=1379
+  _globals['_MEMBERSTATS']._serialized_start=1382
+  _globals['_MEMBERSTATS']._serialized_end=1957
+  _globals['_MEMBERSTATS_ROOMSENTRY']._serialized_start=1858
+  _globals['_MEMBERSTATS_ROOMSENTRY']._serialized_end=1902
+  _globals['_MEMBERSTATS_ABORTSBYREASONENTRY']._serialized_start=1904
+  _globals['_MEMBERSTATS_ABORTSBYREASONENTRY']._serialized_end=1957
+  _globals['_PINNEDROOM']._serialized_start=1960
+  _globals['_PINNEDROOM']._serialized_end=2100
+  _globals['_DUMPREQUEST']._serialized_start=2102
+  _globals['_DUMPREQUEST']._serialized_end=2115
+  _globals['_DUMPREPLY']._serialized_start=2117
+  _globals['_DUMPREPLY']._serialized_end=2231
+  _globals['_STACKDUMP']._serialized_start=2233
+  _globals['_STACKDUMP']._serialized_end=2273
+  _globals['_ADMIN']._serialized_start=2572
+  _globals['_ADMIN']._serialized_end=2691
 # @@protoc_insertion_point(module_scope)

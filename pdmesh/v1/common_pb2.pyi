@@ -125,7 +125,7 @@ class TransferInfo(_message.Message):
     def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ..., dst_pages: _Optional[_Iterable[int]] = ..., grant: _Optional[bytes] = ..., grant_expires_unix_ms: _Optional[int] = ...) -> None: ...
 
 class TransferResult(_message.Message):
-    __slots__ = ("key", "status", "error", "first_token", "pages_written", "bytes_written", "transfer_seconds")
+    __slots__ = ("key", "status", "error", "first_token", "pages_written", "bytes_written", "transfer_seconds", "prefill", "decode")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,8 @@ class TransferResult(_message.Message):
     PAGES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
     key: RoomKey
     status: TransferStatus
     error: str
@@ -140,7 +142,9 @@ class TransferResult(_message.Message):
     pages_written: int
     bytes_written: int
     transfer_seconds: float
-    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., status: _Optional[_Union[TransferStatus, str]] = ..., error: _Optional[str] = ..., first_token: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., transfer_seconds: _Optional[float] = ...) -> None: ...
+    prefill: PeerRef
+    decode: PeerRef
+    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., status: _Optional[_Union[TransferStatus, str]] = ..., error: _Optional[str] = ..., first_token: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., transfer_seconds: _Optional[float] = ..., prefill: _Optional[_Union[PeerRef, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ...) -> None: ...
 
 class KvReady(_message.Message):
     __slots__ = ("key", "prefill", "num_pages", "prompt_tokens", "first_token")
@@ -157,14 +161,18 @@ class KvReady(_message.Message):
     def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., prefill: _Optional[_Union[PeerRef, _Mapping]] = ..., num_pages: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., first_token: _Optional[int] = ...) -> None: ...
 
 class Abort(_message.Message):
-    __slots__ = ("key", "reason", "writer_fenced")
+    __slots__ = ("key", "reason", "writer_fenced", "prefill", "decode")
     KEY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     WRITER_FENCED_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
     key: RoomKey
     reason: str
     writer_fenced: bool
-    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., reason: _Optional[str] = ..., writer_fenced: _Optional[bool] = ...) -> None: ...
+    prefill: PeerRef
+    decode: PeerRef
+    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., reason: _Optional[str] = ..., writer_fenced: _Optional[bool] = ..., prefill: _Optional[_Union[PeerRef, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ...) -> None: ...
 
 class AbortAck(_message.Message):
     __slots__ = ("key", "known", "state", "released")

@@ -27,7 +27,12 @@ from libs.member import grant
 from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember
 from libs.member.stats import Counters, RecentKeys
-from libs.member.wire import key_from_proto, key_to_proto, sampling_from_proto
+from libs.member.wire import (
+    check_abort_ends,
+    key_from_proto,
+    key_to_proto,
+    sampling_from_proto,
+)
 from libs.rpc.calls import open_channel, unary
 from libs.rpc.dump import dump
 from libs.rpc.handlers import RpcError, contained, invalid
@@ -317,7 +322,10 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             try:
                 ack = await unary(
                     pgrpc.PrefillStub(channel).Abort,
-                    cpb.Abort(key=key_to_proto(slot.key), reason=reason),
+                    cpb.Abort(
+                        key=key_to_proto(slot.key), reason=reason, prefill=slot.writer,
+                        decode=cpb.PeerRef(name=self.member.name, epoch=self.epoch()),
+                    ),
                     timeout=ABORT_WAIT_SECONDS + 1,
                 )
                 if ack.released and slot.key in self.quarantine:
@@ -340,8 +348,11 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             reason = FailureCause(request.reason)
         except ValueError:
             raise invalid(f"unknown abort reason {request.reason!r}") from None
-        self.ended.add(key)
         slot = self.slots.get(key) or self.quarantine.get(key)
+        me = cpb.PeerRef(name=self.member.name, epoch=self.epoch())
+        check_abort_ends(request.decode, me, request.prefill,
+                         slot.writer if slot is not None else None)
+        self.ended.add(key)
         if slot is None:
             return cpb.AbortAck(key=request.key, known=False, released=True)
         if slot.abort_reason is None:

@@ -31,7 +31,12 @@ from libs.member import grant
 from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember, Peer
 from libs.member.stats import Counters, RecentKeys
-from libs.member.wire import check_tokens, key_from_proto, sampling_from_proto
+from libs.member.wire import (
+    check_abort_ends,
+    check_tokens,
+    key_from_proto,
+    sampling_from_proto,
+)
 from libs.rpc.dump import dump
 from libs.rpc.handlers import RpcError, contained, invalid
 from libs.transfer.errors import LayoutMismatch, TransferError
@@ -67,7 +72,7 @@ class Job:
 @dataclass
 class PrefillConfig:
     chunk_tokens: int = 256
-    max_batch_tokens: int = 1024
+    max_batch_tokens: int = 512
     max_rooms: int = 256
     default_budget: float = 300.0
 
@@ -213,6 +218,8 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             pages_written=len(dst),
             bytes_written=len(dst) * pool.page_bytes,
             transfer_seconds=elapsed,
+            prefill=self._ref(),
+            decode=info.decode,
         )
         if faults.delay_transfer_result:
             await anyio.sleep(faults.delay_transfer_result)
@@ -257,8 +264,10 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             reason = FailureCause(request.reason)
         except ValueError:
             raise invalid(f"unknown abort reason {request.reason!r}") from None
-        self.ended.add(key)
         job = self.jobs.get(key)
+        check_abort_ends(request.prefill, self._ref(), request.decode,
+                         job.peer.ref if job is not None else None)
+        self.ended.add(key)
         if job is None:
             return cpb.AbortAck(key=request.key, known=False, released=True)
         if self.member.faults.delay_abort:
@@ -272,6 +281,9 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             state=job.room.state.proto,
             released=job.released.is_set(),
         )
+
+    def _ref(self) -> cpb.PeerRef:
+        return cpb.PeerRef(name=self.member.name, epoch=self.epoch())
 
     def _cancel(self, job: Job, reason: FailureCause) -> None:
         if job.abort_reason is None:

@@ -35,6 +35,9 @@ from services.router.pairing import NoPair, Pair, Pairing
 log = logging.getLogger(__name__)
 
 ABORT_SECONDS = 2.0
+# A member lost or unreachable, or one that does not (yet) know its partner's epoch
+# (a registration race after a restart): another attempt may well succeed.
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
 KV_ARRIVAL_GRACE = 5.0  # after the prefill's TransferResult, for the decode's first token
 
 
@@ -107,10 +110,11 @@ class MeshClient:
     ) -> AsyncIterator[Tokens | Finished]:
         """Run one request; yields Tokens then one Finished, or raises MeshError.
 
-        An attempt that fails UNAVAILABLE (a peer lost, a transfer failed) before
-        any token reached the caller is retried on another pair if one exists, with
-        a new room. The retry starts only once the failed attempt's legs were
-        aborted and acknowledged: `_attempt` awaits its Aborts before it raises.
+        An attempt that fails RETRYABLE (a peer lost, a transfer failed, a partner's
+        epoch not yet known) before any token reached the caller is retried, on
+        another pair if one exists, with a new room. The retry starts only once the
+        failed attempt's legs were aborted and acknowledged: `_attempt` awaits its
+        Aborts before it raises.
         """
         budget = budget or self.default_budget
         deadline = time.monotonic() + budget
@@ -126,7 +130,7 @@ class MeshClient:
                 retry = (
                     not yielded
                     and attempt < self.retries
-                    and e.code == grpc.StatusCode.UNAVAILABLE
+                    and e.code in RETRYABLE
                     and e.pair is not None
                     and time.monotonic() < deadline
                 )
@@ -227,6 +231,12 @@ class _Legs:
         if result is None or result.status != cpb.TRANSFER_OK:
             why = result.error if result is not None else "no TransferResult"
             raise MeshError(f"prefill failed: {why}")
+        if result.prefill != pair.prefill.ref or result.decode != pair.decode.ref:
+            raise MeshError(
+                f"TransferResult names {result.prefill.name}/{result.prefill.epoch} -> "
+                f"{result.decode.name}/{result.decode.epoch}, not this request's pair",
+                grpc.StatusCode.INTERNAL,
+            )
         self.prefill_done = True
         # The prefill says every page was written; a decode that still sees no KvReady
         # after the grace is a lost notification, reported as one, not a 300 s hang.
@@ -269,7 +279,8 @@ class _Legs:
             try:
                 ack = await unary(
                     self.pair.prefill.stub.Abort,
-                    cpb.Abort(key=self.key, reason=reason),
+                    cpb.Abort(key=self.key, reason=reason, prefill=self.pair.prefill.ref,
+                              decode=self.pair.decode.ref),
                     timeout=ABORT_SECONDS,
                 )
                 fenced = ack.released
@@ -280,7 +291,8 @@ class _Legs:
         try:
             await unary(
                 self.pair.decode.stub.Abort,
-                cpb.Abort(key=self.key, reason=reason, writer_fenced=fenced),
+                cpb.Abort(key=self.key, reason=reason, writer_fenced=fenced,
+                          prefill=self.pair.prefill.ref, decode=self.pair.decode.ref),
                 timeout=ABORT_SECONDS,
             )
         except grpc.aio.AioRpcError as e:

@@ -45,7 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--retries", type=int, default=1,
-        help="retries of a request whose attempt failed UNAVAILABLE before its first token, "
+        help="retries of a request whose attempt failed UNAVAILABLE or FAILED_PRECONDITION "
+        "before its first token, "
         "on another pair when one exists, after the failed legs were aborted (default 1)",
     )
 

@@ -224,7 +224,8 @@ async def test_m03_a_late_write_never_lands_in_another_requests_pages(w4_mesh):
 async def test_m04_rooms_are_minted_and_duplicates_refused(tiny_mesh):
     """Clients cannot name rooms (the router mints them: identical concurrent requests
     get distinct rooms); a duplicate (room, generation) is refused with ALREADY_EXISTS
-    while live and refused again after it ended; nothing leaks."""
+    while live and refused again after it ended; Aborts naming a stale epoch or another
+    writer are refused without touching the room; nothing leaks."""
     before = await member(tiny_mesh, "decode")
     results = []
 
@@ -254,8 +255,21 @@ async def test_m04_rooms_are_minted_and_duplicates_refused(tiny_mesh):
                 else grpc.StatusCode.ABORTED
             assert err.value.code() == expected, (attempt, err.value.details())
             if attempt == "live":
-                await unary(stub.Abort, cpb.Abort(key=key, reason="client_disconnect",
-                                                  writer_fenced=True), timeout=10)
+                # Aborts for another life of this decode, or naming another writer, are
+                # refused and leave the live room alone (invariant 6).
+                stale = cpb.PeerRef(name=before["name"], epoch=before["epoch"] - 1)
+                other = cpb.PeerRef(name=prefill["name"], epoch=prefill["epoch"] + 7)
+                for forged in (cpb.Abort(key=key, reason="client_disconnect", decode=stale),
+                               cpb.Abort(key=key, reason="client_disconnect", prefill=other)):
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await unary(stub.Abort, forged, timeout=10)
+                    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+                live = await member(tiny_mesh, "decode")
+                assert live["rooms"] == {"waiting_for_input": 1}
+                ack = await unary(stub.Abort, cpb.Abort(
+                    key=key, reason="client_disconnect", writer_fenced=True,
+                    decode=ref(before), prefill=ref(prefill)), timeout=10)
+                assert ack.known and ack.released
     finally:
         await channel.close()
     await anyio.to_thread.run_sync(wait_quiet, tiny_mesh, 2.0)
@@ -320,7 +334,8 @@ async def test_m05_a_late_kv_ready_does_not_revive_a_failed_room(late_mesh):
 @pytest.fixture(scope="module")
 def bounded_mesh(tmp_path_factory):
     mesh = faulted(tmp_path_factory, "bounded",
-                   up_args=["--decode-args", "--max-rooms 4", "--prefill-args", "--max-rooms 4"])
+                   up_args=["--decode-args", "--max-rooms 4 --pinned-after 1",
+                            "--prefill-args", "--max-rooms 4"])
     yield mesh
     mesh.stop()
 
@@ -365,6 +380,32 @@ async def test_m06_forged_messages_create_nothing_and_floods_are_refused(bounded
     await anyio.to_thread.run_sync(wait_quiet, bounded_mesh, 2.0)
     ids, _ = await generate(bounded_mesh, words(10), 4, ignore_eos=True)
     assert len(ids) == 4
+
+
+async def test_status_names_a_pinned_room(bounded_mesh):
+    """Evidence instead of silence: a room that makes no progress (its KV never comes)
+    shows up in `pdmesh status` as pinned, with its state, idle time and peer."""
+    prefill, decode = await member(bounded_mesh, "prefill"), await member(bounded_mesh, "decode")
+    channel = open_channel(decode["address"])
+    try:
+        call = dgrpc.DecodeStub(channel).Generate(dpb.DecodeRequest(
+            key=cpb.RoomKey(room=os.urandom(16), generation=2), prompt_tokens=20,
+            sampling=cpb.SamplingParams(top_p=1, max_tokens=4), prefill=ref(prefill)),
+            timeout=30)
+        assert (await call.read()).HasField("transfer")
+        await anyio.sleep(1.5)  # past this decode's --pinned-after 1
+        shown = await anyio.to_thread.run_sync(bounded_mesh.status_cli)
+        text = await anyio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-m", "pdmesh.cli", "status", "--bootstrap", bounded_mesh.bootstrap],
+            capture_output=True, text=True, timeout=60).stdout)
+        call.cancel()
+    finally:
+        await channel.close()
+    (pinned,) = next(m for m in shown["members"] if m["role"] == "decode")["pinned"]
+    assert pinned["state"] == "waiting_for_input" and pinned["peer"] == prefill["name"]
+    assert pinned["idle_seconds"] >= 1.0
+    assert f"PINNED on {decode['name']}" in text and pinned["room"][:12] in text
+    await anyio.to_thread.run_sync(wait_quiet, bounded_mesh, 3.0)
 
 
 # ---- 7. a restarted peer's old agent kept; a dead peer's rooms waiting for a timeout ---
