@@ -31,6 +31,7 @@ class Faults:
     drop_transfer_result: bool = False  # the stream ends without its TransferResult
     fail_prefills: int = 0  # the first N Prefill calls fail (UNAVAILABLE) after one chunk
     delay_abort: float = 0.0  # seconds an Abort waits before it cancels anything
+    stall_forward: float = 0.0  # seconds the compute thread blocks before each forward pass
     # decode
     delay_notifications: float = 0.0  # seconds each received notification is held
 

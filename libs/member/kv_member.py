@@ -79,6 +79,7 @@ class KvMember:
     grant_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     faults: Faults = field(default_factory=Faults)  # off unless named (libs/faults)
     pinned_after: float = 30.0  # seconds a live room may go without progress (status)
+    stall_after: float | None = None  # seconds of busy without progress: unhealthy
 
     @classmethod
     def create(

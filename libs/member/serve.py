@@ -44,6 +44,11 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str, pages: int)
         help="report a live room as pinned after S seconds without progress (default 30)",
     )
     parser.add_argument(
+        "--stall-after", type=float, default=None, metavar="S",
+        help="turn health NOT_SERVING when work waits but nothing progressed for S seconds "
+        "(default: prefill 60, decode 30)",
+    )
+    parser.add_argument(
         "--faults", default=os.environ.get(faults.ENV, ""), metavar="SPEC",
         help="TEST ONLY: fault injection points, e.g. 'pause_between_chunks=2,"
         "decode-0:delay_notifications=0.5' (default: none, or $PDMESH_FAULTS; see libs/faults)",
@@ -70,6 +75,7 @@ async def serve_member(
         args.dtype,
     )
     member.pinned_after = args.pinned_after
+    member.stall_after = args.stall_after
     if injected.active:
         log.warning("FAULT INJECTION ACTIVE on %s: %s", name, injected)
         member.faults = injected
@@ -88,8 +94,25 @@ async def serve_member(
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(membership.run)
+            tg.start_soon(_report_health, running, service, member.name)
             if run_extra is not None:
                 tg.start_soon(run_extra(service))
     finally:
         with anyio.move_on_after(2.0, shield=True):
             await running.stop(0.5)
+
+
+async def _report_health(running, service, name: str, every: float = 0.5) -> None:
+    """Keep grpc.health.v1 in step with the service's own loops: a wedged loop turns the
+    standard health check NOT_SERVING (what probes and operators read), not just Stats."""
+    serving = True
+    while True:
+        healthy = service.healthy()
+        if healthy != serving:
+            await running.set_serving(healthy)
+            serving = healthy
+            if healthy:
+                log.info("%s healthy again: its loop made progress", name)
+            else:
+                log.error("%s NOT_SERVING: work is waiting and its loop made no progress", name)
+        await anyio.sleep(every)

@@ -109,8 +109,12 @@ class Batcher:
 
     _stepping = False
 
-    def stalled(self, after: float = STALL_SECONDS) -> bool:
-        """Work is waiting but no step has finished for `after` seconds: a wedged loop."""
+    stall_after = STALL_SECONDS
+
+    def stalled(self, after: float | None = None) -> bool:
+        """Work is waiting but no step has finished for `after` seconds (default the
+        batcher's stall_after): a wedged loop."""
+        after = self.stall_after if after is None else after
         return self.active > 0 and time.monotonic() - self.last_progress > after
 
     @property

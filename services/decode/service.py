@@ -86,6 +86,8 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         self.ended = RecentKeys()  # aborted or served: a replay or late leg is refused
         self.counters = Counters()
         self.batcher = Batcher(member.engine, member.loaded.tokenizer, config.max_batch)
+        if member.stall_after is not None:
+            self.batcher.stall_after = member.stall_after
         self.unknown_notifs = 0
         self._kv_expected = anyio.Event()
         # Quarantined rooms whose writer we still have to ask; bounded by max_rooms.
@@ -388,10 +390,13 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             if slot.writer == lost:
                 self._free(slot)
 
+    def healthy(self) -> bool:
+        return not self.batcher.stalled()
+
     @contained
     async def Stats(self, request, context):
         return self.counters.stats(
-            cpb.DECODE, self.member.name, self.epoch(), not self.batcher.stalled(), self.table,
+            cpb.DECODE, self.member.name, self.epoch(), self.healthy(), self.table,
             self.member.pool, pinned_after=self.member.pinned_after, requests=len(self.slots),
             peer_of=self._writer_name,
         )

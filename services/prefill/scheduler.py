@@ -39,10 +39,14 @@ class Chunk:
 
 
 class PrefillScheduler:
-    def __init__(self, engine: Engine, max_batch_tokens: int = 1024):
+    def __init__(self, engine: Engine, max_batch_tokens: int = 512,
+                 stall_after: float = STALL_SECONDS, stall_forward: float = 0.0):
         self.engine = engine
         self.max_batch_tokens = max_batch_tokens
+        self.stall_after = stall_after
+        self.stall_forward = stall_forward  # fault injection: a wedged compute thread
         self.pending: list[Chunk] = []
+        self.running: list[Chunk] = []
         self._wake = anyio.Event()
         self.forwards = 0
         self.stopped_early = 0
@@ -74,10 +78,10 @@ class PrefillScheduler:
                 self._wake = anyio.Event()
                 await self._wake.wait()
                 self.last_progress = time.monotonic()
-            batch = self._take()
+            batch = self.running = self._take()
             try:
                 logits = await anyio.to_thread.run_sync(
-                    self.engine.prefill_batch,
+                    self._forward,
                     [c.seq for c in batch],
                     lambda batch=batch: all(c.cancelled for c in batch),
                 )
@@ -94,12 +98,21 @@ class PrefillScheduler:
             finally:
                 self.forwards += 1
                 self.last_progress = time.monotonic()
+                self.running = []
                 for chunk in batch:
                     chunk.done.set()
 
-    def stalled(self, after: float = STALL_SECONDS) -> bool:
-        """Chunks are waiting but no forward pass has finished for `after` seconds."""
-        return bool(self.pending) and time.monotonic() - self.last_progress > after
+    def _forward(self, seqs: list[PrefillSeq], should_stop) -> torch.Tensor:
+        if self.stall_forward:
+            time.sleep(self.stall_forward)  # blocks the compute thread, as a wedge would
+        return self.engine.prefill_batch(seqs, should_stop)
+
+    def stalled(self, after: float | None = None) -> bool:
+        """Chunks are queued or running but no forward pass has finished for `after`
+        seconds (default the scheduler's stall_after): a wedged loop or thread."""
+        after = self.stall_after if after is None else after
+        busy = bool(self.pending or self.running)
+        return busy and time.monotonic() - self.last_progress > after
 
     def _take(self) -> list[Chunk]:
         batch, total = [], 0

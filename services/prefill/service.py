@@ -47,7 +47,7 @@ from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import common_pb2_grpc as cgrpc
 from pdmesh.v1 import prefill_pb2 as ppb
 from pdmesh.v1 import prefill_pb2_grpc as pgrpc
-from services.prefill.scheduler import PrefillScheduler
+from services.prefill.scheduler import STALL_SECONDS, PrefillScheduler
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,11 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         self.table = RoomTable(config.max_rooms)
         self.jobs: dict[RoomKey, Job] = {}
         self.ended = RecentKeys()  # aborted or served: a replay or late leg is refused
-        self.scheduler = PrefillScheduler(member.engine, config.max_batch_tokens)
+        self.scheduler = PrefillScheduler(
+            member.engine, config.max_batch_tokens,
+            stall_after=member.stall_after or STALL_SECONDS,
+            stall_forward=member.faults.stall_forward,
+        )
         self.counters = Counters()
         member.on_peer_lost.append(self.on_peer_lost)
         self._failures_to_inject = member.faults.fail_prefills  # off unless injected
@@ -296,10 +300,13 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             if job.peer.member.name == member.name and job.peer.member.epoch == member.epoch:
                 self._cancel(job, FailureCause.PEER_LOST)
 
+    def healthy(self) -> bool:
+        return not self.scheduler.stalled()
+
     @contained
     async def Stats(self, request, context):
         return self.counters.stats(
-            cpb.PREFILL, self.member.name, self.epoch(), not self.scheduler.stalled(), self.table,
+            cpb.PREFILL, self.member.name, self.epoch(), self.healthy(), self.table,
             self.member.pool, pinned_after=self.member.pinned_after, requests=len(self.jobs),
             peer_of=lambda key: self.jobs[key].peer.member.name if key in self.jobs else "",
         )

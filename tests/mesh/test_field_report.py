@@ -19,6 +19,7 @@ import anyio
 import grpc
 import openai
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from nixl._api import nixl_agent, nixl_agent_config
 
 from libs.rpc.calls import open_channel, unary
@@ -143,6 +144,54 @@ async def test_m01_raw_frames_and_garbage_kill_no_loop(tiny_mesh):
     assert (after["pid"], after["epoch"], after["healthy"]) == (
         before["pid"], before["epoch"], True)
     intruder.remove_remote_agent(remote)
+
+
+@pytest.fixture(scope="module")
+def wedged_mesh(tmp_path_factory):
+    # Every prefill forward blocks its compute thread 3 s; health turns red after 1 s.
+    mesh = faulted(tmp_path_factory, "wedged", "stall_forward=3",
+                   up_args=["--prefill-args", "--stall-after 1"])
+    yield mesh
+    mesh.stop()
+
+
+async def test_m01_a_wedged_loop_turns_health_red_then_green(wedged_mesh):
+    """The other half of mechanism 1: health that stays green while a loop is stuck.
+    While the prefill's compute thread is blocked with work in flight, its standard
+    grpc.health.v1 check says NOT_SERVING (and Stats healthy false); once the pass
+    finishes the request completes and health is SERVING again."""
+    prefill = await member(wedged_mesh, "prefill")
+    channel = open_channel(prefill["address"])
+    seen: list[int] = []
+    try:
+        check = health_pb2_grpc.HealthStub(channel).Check
+
+        async def health() -> int:
+            return (await check(health_pb2.HealthCheckRequest(), timeout=5)).status
+
+        assert await health() == health_pb2.HealthCheckResponse.SERVING
+        async with anyio.create_task_group() as tg:
+            done: list = []
+
+            async def request():
+                done.append(await generate(wedged_mesh, words(40), 4, ignore_eos=True))
+
+            tg.start_soon(request)
+
+            async def red():
+                seen.append(await health())
+                return seen[-1] == health_pb2.HealthCheckResponse.NOT_SERVING
+
+            await until(red, 2.9, every=0.1)
+            assert not (await member(wedged_mesh, "prefill"))["healthy"]
+        assert len(done[0][0]) == 4
+
+        async def green():
+            return await health() == health_pb2.HealthCheckResponse.SERVING
+
+        await until(green, 2.0, every=0.1)
+    finally:
+        await channel.close()
 
 
 # ---- 2. an abort that reaches one side only -----------------------------------------
