@@ -22,6 +22,7 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
         "name": member.name,
         "epoch": member.epoch,
         "address": member.address,
+        "metrics": f"http://{member.http_address}/metrics" if member.http_address else None,
         "healthy": False,
         "inflight": None,
         "kv_pages_used": None,

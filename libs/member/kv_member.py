@@ -108,12 +108,13 @@ class KvMember:
     def peer_role(self) -> int:
         return cpb.DECODE if self.role == cpb.PREFILL else cpb.PREFILL
 
-    def registration(self, address: str) -> bpb.Member:
+    def registration(self, address: str, http_address: str = "") -> bpb.Member:
         pool_layout = self.agent.layout()
         return bpb.Member(
             role=self.role,
             name=self.name,
             address=address,
+            http_address=http_address,
             nixl_metadata=self.agent.metadata(),
             layout=self.layout,
             region=cpb.KvRegion(

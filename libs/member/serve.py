@@ -11,6 +11,7 @@ import anyio
 
 from libs import faults
 from libs.member.kv_member import KvMember
+from libs.rpc.http import asgi_server, listen, serve_http
 from libs.rpc.membership import Membership
 from libs.rpc.server import start_server
 
@@ -39,6 +40,10 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str, pages: int)
         "--kv-pages", type=int, default=pages, help=f"KV pool size in pages (default {pages})"
     )
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
+    parser.add_argument(
+        "--metrics-port", type=int, default=0,
+        help="Prometheus /metrics HTTP port (default: a free one, published in the registry)",
+    )
     parser.add_argument(
         "--pinned-after", type=float, default=30.0, metavar="S",
         help="report a live room as pinned after S seconds without progress (default 30)",
@@ -83,18 +88,23 @@ async def serve_member(
     service = make_service(member, lambda: membership_ref[0].epoch if membership_ref else 0)
     running = await start_server(args.host, args.port, services(service))
     address = f"{args.host}:{running.port}"
+    metrics_sock = listen(args.host, args.metrics_port)
+    metrics_address = f"{args.host}:{metrics_sock.getsockname()[1]}"
     membership = Membership(
         args.bootstrap,
-        me=member.registration(address),
+        me=member.registration(address, metrics_address),
         on_join=[member.on_join],
         on_leave=[member.on_leave],
     )
     membership_ref.append(membership)
-    log.info("%s %s serving on %s", role_name, member.name, address)
+    log.info("%s %s serving on %s, metrics on http://%s/metrics", role_name, member.name,
+             address, metrics_address)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(membership.run)
             tg.start_soon(_report_health, running, service, member.name)
+            tg.start_soon(serve_http, asgi_server(service.metrics.app(), args.host, 0), 2.0,
+                          metrics_sock)
             if run_extra is not None:
                 tg.start_soon(run_extra(service))
     finally:

@@ -26,6 +26,7 @@ from libs.kvpoll import FailureCause, Room, RoomKey, RoomState, RoomTable
 from libs.member import grant
 from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember
+from libs.member.metrics import MemberMetrics
 from libs.member.stats import Counters, RecentKeys
 from libs.member.wire import (
     check_abort_ends,
@@ -95,6 +96,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             config.max_rooms
         )
         member.on_peer_lost.append(self.on_peer_lost)
+        self.metrics = MemberMetrics("decode", member.name, self.snapshot)
 
     async def run(self) -> None:
         """The service's own tasks: the batch loop and the notification poller."""
@@ -395,6 +397,9 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
 
     @contained
     async def Stats(self, request, context):
+        return self.snapshot()
+
+    def snapshot(self) -> cpb.MemberStats:
         return self.counters.stats(
             cpb.DECODE, self.member.name, self.epoch(), self.healthy(), self.table,
             self.member.pool, pinned_after=self.member.pinned_after, requests=len(self.slots),

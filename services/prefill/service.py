@@ -30,6 +30,7 @@ from libs.kvpoll import (
 from libs.member import grant
 from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember, Peer
+from libs.member.metrics import MemberMetrics
 from libs.member.stats import Counters, RecentKeys
 from libs.member.wire import (
     check_abort_ends,
@@ -94,6 +95,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         )
         self.counters = Counters()
         member.on_peer_lost.append(self.on_peer_lost)
+        self.metrics = MemberMetrics("prefill", member.name, self.snapshot)
         self._failures_to_inject = member.faults.fail_prefills  # off unless injected
 
     # ---- admission ---------------------------------------------------------------
@@ -225,6 +227,8 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             prefill=self._ref(),
             decode=info.decode,
         )
+        self.metrics.transfer_seconds.observe(elapsed)
+        self.metrics.transfer_bytes.observe(result.bytes_written)
         if faults.delay_transfer_result:
             await anyio.sleep(faults.delay_transfer_result)
         if not faults.drop_transfer_result:
@@ -305,6 +309,9 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
 
     @contained
     async def Stats(self, request, context):
+        return self.snapshot()
+
+    def snapshot(self) -> cpb.MemberStats:
         return self.counters.stats(
             cpb.PREFILL, self.member.name, self.epoch(), self.healthy(), self.table,
             self.member.pool, pinned_after=self.member.pinned_after, requests=len(self.jobs),

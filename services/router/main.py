@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 from pathlib import Path
 
 import anyio
-import uvicorn
 
 from libs.engine.loader import load_tokenizer
+from libs.rpc.http import asgi_server, serve_http
 from libs.rpc.membership import Membership
 from libs.rpc.server import start_server
 from pdmesh.v1 import bootstrap_pb2 as bpb
@@ -51,14 +50,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-class _QuietServer(uvicorn.Server):
-    """uvicorn inside our loop: the process's signal handling stays ours."""
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        yield
-
-
 def served_model_id(spec: str) -> str:
     """The id clients pass as `model`: the spec for built-ins, the file or folder name else."""
     path = Path(spec)
@@ -85,17 +76,7 @@ async def serve(args: argparse.Namespace) -> None:
             (cpb.DESCRIPTOR.services_by_name["Admin"], grpc_api),
         ],
     )
-    http = _QuietServer(
-        uvicorn.Config(
-            create_app(backend),
-            host=args.host,
-            port=args.http_port,
-            loop="none",
-            lifespan="off",
-            log_level="warning",
-            timeout_graceful_shutdown=1,
-        )
-    )
+    http = asgi_server(create_app(backend), args.host, args.http_port)
     membership = Membership(
         args.bootstrap,
         me=bpb.Member(
@@ -114,34 +95,13 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(membership.run)
-            tg.start_soon(_serve_http, http)
+            tg.start_soon(serve_http, http, STOP_SECONDS)
             tg.start_soon(_close_retired, pairing)
     finally:
         with anyio.move_on_after(3.0, shield=True):
             await running.stop(0.5)
             for endpoint in list(pairing.endpoints.values()):
                 await endpoint.channel.close()
-
-
-async def _serve_http(server: uvicorn.Server) -> None:
-    """uvicorn stops itself once should_exit is set; cancellation only asks it to."""
-    serving = anyio.CancelScope(shield=True)
-
-    async def stop_on_cancel() -> None:
-        try:
-            await anyio.sleep_forever()
-        finally:
-            server.should_exit = True
-            # the shield ends a bounded time after the stop was asked for
-            serving.deadline = anyio.current_time() + STOP_SECONDS
-
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(stop_on_cancel)
-        with serving:
-            await server.serve()
-        tg.cancel_scope.cancel()
-    if not server.started:
-        raise OSError("the HTTP server failed to start (is the port in use?)")
 
 
 async def _close_retired(pairing: Pairing) -> None:

@@ -366,3 +366,33 @@ async def test_a_room_whose_kv_never_comes_meets_its_deadline_and_frees_everythi
     finally:
         await channel.close()
     await anyio.to_thread.run_sync(wait_quiet, tiny_mesh, 3.0)
+
+
+def test_every_member_serves_its_prometheus_metrics(tiny_mesh):
+    """contract.md, Metrics: each prefill and decode on its own endpoint (published in
+    the registry), the numbers those of `pdmesh status`, labels without request ids."""
+    client = openai.OpenAI(base_url=tiny_mesh.base_url, api_key="x")
+    client.completions.create(model="tiny", prompt="river engine " * 20, max_tokens=4)
+    status = tiny_mesh.status()
+    for m in status["members"]:
+        assert m["metrics"], m
+        text = httpx.get(m["metrics"], timeout=10).text
+        if m["role"] == "router":
+            assert "pdmesh_time_to_first_token_seconds_bucket" in text
+            continue
+        labels = f'name="{m["name"]}",role="{m["role"]}",service="{m["role"]}"'
+        for metric in ("pdmesh_inflight_requests", "pdmesh_kv_pages_used",
+                       "pdmesh_kv_pages_total", "pdmesh_transfer_failed_total",
+                       "pdmesh_room_deadline_expired_total"):
+            assert f"{metric}{{{labels}}}" in text, (metric, text[:2000])
+        assert f'pdmesh_rooms{{{labels},state="success"}}' in text
+        assert f'pdmesh_kv_pages_total{{{labels}}} {float(m["kv_pages_total"])}' in text
+        if m["role"] == "prefill":
+            count = next(line for line in text.splitlines()
+                         if line.startswith("pdmesh_kv_transfer_seconds_count"))
+            assert float(count.split()[-1]) >= 1
+            assert "pdmesh_kv_transfer_bytes_bucket" in text
+        keys = {pair.split("=")[0] for line in text.splitlines()
+                if "{" in line and not line.startswith("#")
+                for pair in line[line.index("{") + 1 : line.index("}")].split(",")}
+        assert keys <= {"name", "role", "service", "state", "reason", "le"}, keys

@@ -1,0 +1,91 @@
+"""Prometheus metrics of a prefill or decode (contract.md, Metrics).
+
+Gauges and counters are read from the member's live Stats at scrape time, so they are
+the numbers `pdmesh status` shows; the transfer histograms are observed by the prefill
+as each room's KV lands. Labels carry service, role and name, never a request id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+
+from libs.kvpoll import RoomState
+from pdmesh.v1 import common_pb2 as cpb
+
+PROMETHEUS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+BYTES_BUCKETS = tuple(float(4**k) for k in range(8, 17))  # 64 KiB .. 4 GiB
+
+
+class MemberMetrics:
+    def __init__(self, role: str, name: str, stats: Callable[[], cpb.MemberStats]):
+        self.registry = CollectorRegistry()
+        labels = {"service": role, "role": role, "name": name}
+        self.registry.register(_StatsCollector(labels, stats))
+        self.transfer_seconds = Histogram(
+            "pdmesh_kv_transfer_seconds", "A room's KV transfer, first chunk to KvReady",
+            list(labels), buckets=SECONDS_BUCKETS, registry=self.registry,
+        ).labels(**labels)
+        self.transfer_bytes = Histogram(
+            "pdmesh_kv_transfer_bytes", "Bytes of KV written for one room",
+            list(labels), buckets=BYTES_BUCKETS, registry=self.registry,
+        ).labels(**labels)
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def app(self) -> Starlette:
+        async def metrics(request) -> Response:
+            return Response(self.text(), media_type=PROMETHEUS_MEDIA_TYPE)
+
+        return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+
+
+class _StatsCollector:
+    def __init__(self, labels: dict[str, str], stats: Callable[[], cpb.MemberStats]):
+        self.labels = labels
+        self.stats = stats
+
+    def collect(self):
+        s = self.stats()
+        names, values = list(self.labels), list(self.labels.values())
+
+        def gauge(metric: str, text: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(metric, text, labels=names)
+            family.add_metric(values, value)
+            return family
+
+        def counter(metric: str, text: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(metric, text, labels=names)
+            family.add_metric(values, value)
+            return family
+
+        yield gauge("pdmesh_inflight_requests", "Requests or rooms not yet terminal", s.inflight)
+        rooms = GaugeMetricFamily("pdmesh_rooms", "Rooms by state", labels=[*names, "state"])
+        for state in RoomState:
+            rooms.add_metric([*values, state.name.lower()], s.rooms.get(state.name.lower(), 0))
+        yield rooms
+        yield gauge("pdmesh_kv_pages_used", "KV pages held for requests", s.kv_pages_used)
+        yield gauge("pdmesh_kv_pages_total", "KV pages in the pool", s.kv_pages_total)
+        yield gauge("pdmesh_healthy", "1 while every loop makes progress", float(s.healthy))
+        yield gauge("pdmesh_pinned_rooms", "Live rooms without progress past the threshold",
+                    len(s.pinned))
+        yield counter("pdmesh_transfer_failed", "KV transfers that failed",
+                      s.transfer_failed_total)
+        aborts = CounterMetricFamily("pdmesh_aborts", "Requests ended early, by reason",
+                                     labels=[*names, "reason"])
+        for reason, count in sorted(s.aborts_by_reason.items()):
+            aborts.add_metric([*values, reason], count)
+        yield aborts
+        yield counter("pdmesh_room_deadline_expired", "Rooms failed by their deadline",
+                      s.deadline_expired_total)
+        yield counter("pdmesh_member_requests", "Requests received", s.requests_total)
+        if s.role == cpb.PREFILL:
+            yield counter("pdmesh_prompt_tokens_computed", "Prompt tokens through the model",
+                          s.prompt_tokens_computed_total)
