@@ -1,0 +1,20 @@
+"""OpenTelemetry for every pdmesh service (issue 4).
+
+Configured by the standard OTEL_* variables. W3C trace context travels in gRPC metadata
+through the thin helpers here, not the stock grpc.aio instrumentation, which breaks
+cancellation and records cancelled RPCs as successful (field guide, traps 4 and 5).
+"""
+
+from libs.tracing.propagation import incoming_context, outgoing_metadata
+from libs.tracing.setup import configure
+from libs.tracing.spans import ABORT_REASON, ABORT_STAGE, mark_aborted, span
+
+__all__ = [
+    "ABORT_REASON",
+    "ABORT_STAGE",
+    "configure",
+    "incoming_context",
+    "mark_aborted",
+    "outgoing_metadata",
+    "span",
+]

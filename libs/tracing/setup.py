@@ -1,0 +1,62 @@
+"""Install the process's tracer provider from the standard OTEL_* variables.
+
+Export is OTLP over gRPC when an endpoint is configured (OTEL_EXPORTER_OTLP_ENDPOINT or
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or OTEL_TRACES_EXPORTER=otlp), `console` prints spans,
+and `none` (or nothing configured) records nothing. The batch queue is bounded: a slow or
+unreachable collector loses spans, it never slows or blocks serving.
+"""
+
+from __future__ import annotations
+
+import os
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+)
+
+QUEUE_SPANS = 4096
+EXPORT_TIMEOUT_MS = 2000
+
+
+def exporter_from_env(env: dict[str, str] | None = None) -> SpanExporter | None:
+    env = os.environ if env is None else env
+    choice = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true" or choice == "none":
+        return None
+    if choice == "console":
+        return ConsoleSpanExporter()
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if choice == "otlp" or endpoint:
+        protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
+            "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"
+        )
+        if protocol != "grpc":
+            raise ValueError(f"OTLP protocol {protocol!r}: pdmesh exports OTLP over gRPC only")
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(timeout=EXPORT_TIMEOUT_MS / 1000)
+    return None
+
+
+def configure(default_service: str, env: dict[str, str] | None = None) -> TracerProvider:
+    """Install and return the tracer provider; its service.name defaults to
+    `default_service` unless OTEL_SERVICE_NAME says otherwise."""
+    env = os.environ if env is None else env
+    attributes = {} if env.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: default_service}
+    provider = TracerProvider(resource=Resource.create(attributes))
+    exporter = exporter_from_env(env)
+    if exporter is not None:
+        provider.add_span_processor(
+            BatchSpanProcessor(
+                exporter, max_queue_size=QUEUE_SPANS, export_timeout_millis=EXPORT_TIMEOUT_MS
+            )
+        )
+    trace.set_tracer_provider(provider)
+    return provider
