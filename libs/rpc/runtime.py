@@ -35,6 +35,11 @@ def run_service(service: str, main: Callable[[], Awaitable[None]]) -> int:
     finally blocks release what it holds (deregister, stop the server).
     """
     setup_logging(service)
+    provider = None
+    if service != "up":  # the supervisor serves no requests: nothing to trace
+        from libs.tracing import configure
+
+        provider = configure(f"pdmesh-{service}")
 
     async def root() -> None:
         async with anyio.create_task_group() as tg:
@@ -42,7 +47,11 @@ def run_service(service: str, main: Callable[[], Awaitable[None]]) -> int:
             await main()
             tg.cancel_scope.cancel()
 
-    anyio.run(root, backend="asyncio", backend_options={"use_uvloop": _have_uvloop()})
+    try:
+        anyio.run(root, backend="asyncio", backend_options={"use_uvloop": _have_uvloop()})
+    finally:
+        if provider is not None:
+            provider.shutdown()  # flushes what is queued, bounded by the export timeout
     return 0
 
 

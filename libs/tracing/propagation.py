@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import grpc
 from opentelemetry import context as otel_context
-from opentelemetry import propagate
+from opentelemetry import propagate, trace
 
 
 def outgoing_metadata(
-    extra: tuple[tuple[str, str], ...] = (),
+    extra: tuple[tuple[str, str], ...] = (), span: trace.Span | None = None,
 ) -> tuple[tuple[str, str], ...]:
-    """Metadata for an outgoing call: the current span's context, plus `extra`."""
+    """Metadata for an outgoing call: `span`'s context (default the current one), plus
+    `extra`."""
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    propagate.inject(carrier, context=trace.set_span_in_context(span) if span else None)
     return tuple(carrier.items()) + tuple(extra)
 
 

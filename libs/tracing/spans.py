@@ -50,6 +50,7 @@ def span(
 
 def mark_aborted(target: Span, reason: str, stage: str) -> None:
     """An aborted request's span: status ERROR with the reason and the stage it was in."""
+    reason = {"transfer_error": "peer_lost"}.get(reason, reason)  # a failed write: its peer
     if reason not in REASONS:
         reason = "internal"
     target.set_attribute(ABORT_REASON, reason)

@@ -161,18 +161,20 @@ class KvReady(_message.Message):
     def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., prefill: _Optional[_Union[PeerRef, _Mapping]] = ..., num_pages: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., first_token: _Optional[int] = ...) -> None: ...
 
 class Abort(_message.Message):
-    __slots__ = ("key", "reason", "writer_fenced", "prefill", "decode")
+    __slots__ = ("key", "reason", "writer_fenced", "prefill", "decode", "stage")
     KEY_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     WRITER_FENCED_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
     key: RoomKey
     reason: str
     writer_fenced: bool
     prefill: PeerRef
     decode: PeerRef
-    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., reason: _Optional[str] = ..., writer_fenced: _Optional[bool] = ..., prefill: _Optional[_Union[PeerRef, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ...) -> None: ...
+    stage: str
+    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., reason: _Optional[str] = ..., writer_fenced: _Optional[bool] = ..., prefill: _Optional[_Union[PeerRef, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ..., stage: _Optional[str] = ...) -> None: ...
 
 class AbortAck(_message.Message):
     __slots__ = ("key", "known", "state", "released")

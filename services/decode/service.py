@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import grpc
+from opentelemetry.trace import SpanKind
 
 from libs.engine.sampling import SamplingParams
 from libs.kvpoll import FailureCause, Room, RoomKey, RoomState, RoomTable
@@ -37,6 +38,7 @@ from libs.member.wire import (
 from libs.rpc.calls import open_channel, unary
 from libs.rpc.dump import dump
 from libs.rpc.handlers import RpcError, contained, invalid
+from libs.tracing import incoming_context, mark_aborted, span
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import common_pb2_grpc as cgrpc
@@ -65,6 +67,8 @@ class Slot:
     ready: cpb.KvReady | None = None
     abort_reason: FailureCause | None = None
     released: anyio.Event = field(default_factory=anyio.Event)
+    stage: str = "queued"  # for traces: queued | transfer | decode
+    abort_stage: str = ""  # the request's stage as the Abort's sender saw it
 
 
 @dataclass
@@ -147,6 +151,13 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
 
     @contained
     async def Generate(self, request, context):
+        attributes = {"pdmesh.request.id": request.key.room.hex(),
+                      "pdmesh.prompt_tokens": request.prompt_tokens}
+        with span("decode", context=incoming_context(context), kind=SpanKind.SERVER,
+                  attributes=attributes) as server_span:
+            await self._generate(request, context, server_span)
+
+    async def _generate(self, request, context, server_span) -> None:
         self.counters.requests_total += 1
         budget = context.time_remaining() or self.config.default_budget
         slot, params = self._admit(request, budget)
@@ -163,18 +174,24 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 )
                 grant.sign(self.member.grant_key, info, slot.writer)
                 await context.write(dpb.DecodeEvent(transfer=info))
+                slot.stage = "transfer"
                 # The room's deadline is enforced by the notification poller, which
                 # drains KvReady first: a KV that landed in time is never failed late.
-                state = await slot.room.wait_terminal()
+                with span("kv wait", attributes={"pdmesh.kv.pages": len(info.dst_pages),
+                                                 "pdmesh.peer": slot.writer.name}):
+                    state = await slot.room.wait_terminal()
                 if state is RoomState.SUCCESS:
+                    slot.stage = "decode"
                     ready = slot.ready
                     arrived = dpb.KvArrived(prompt_tokens=ready.prompt_tokens)
                     await context.write(dpb.DecodeEvent(kv_arrived=arrived))
                     seq = self.batcher.admit(
                         slot.pages, ready.prompt_tokens, ready.first_token, params
                     )
-                    with anyio.fail_after(max(0.0, deadline - time.monotonic())):
+                    with anyio.fail_after(max(0.0, deadline - time.monotonic())), \
+                            span("generate") as generate_span:
                         await self._stream(seq, context)
+                        generate_span.set_attribute("pdmesh.completion_tokens", seq.generated)
             if slot.scope.cancelled_caught or slot.room.state is RoomState.FAILED:
                 cause = slot.abort_reason or slot.room.failure_cause or FailureCause.INTERNAL
                 code = (
@@ -201,8 +218,13 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             if cause is not None:
                 slot.room.fail(cause, time.monotonic())
                 self.counters.aborts[cause.value] += 1  # once per request that ended early
+                mark_aborted(server_span, cause.value, slot.abort_stage or slot.stage)
             with anyio.move_on_after(2.0, shield=True):
                 await self._release(slot, seq)
+            server_span.add_event(
+                "quarantined" if slot.key in self.quarantine else "released",
+                {"pdmesh.kv.pages": len(slot.pages)},
+            )
 
     async def _stream(self, seq: Sequence, context) -> None:
         async with seq.receive:
@@ -361,6 +383,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             return cpb.AbortAck(key=request.key, known=False, released=True)
         if slot.abort_reason is None:
             slot.abort_reason = reason
+            slot.abort_stage = request.stage
         slot.room.fail(reason, time.monotonic())
         slot.scope.cancel()
         if request.writer_fenced and key in self.quarantine:

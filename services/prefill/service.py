@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import grpc
+from opentelemetry.trace import SpanKind
 
 from libs.engine.sampling import sample
 from libs.kvpoll import (
@@ -40,6 +41,7 @@ from libs.member.wire import (
 )
 from libs.rpc.dump import dump
 from libs.rpc.handlers import RpcError, contained, invalid
+from libs.tracing import incoming_context, mark_aborted, span
 from libs.transfer.errors import LayoutMismatch, TransferError
 from libs.transfer.layout import check_pages
 from libs.transfer.wait import wait
@@ -68,6 +70,8 @@ class Job:
     transfers: list = field(default_factory=list)
     abort_reason: FailureCause | None = None
     released: anyio.Event = field(default_factory=anyio.Event)
+    stage: str = "queued"  # for traces: queued | prefill | transfer
+    abort_stage: str = ""  # the request's stage as the Abort's sender saw it
 
 
 @dataclass
@@ -134,6 +138,13 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
 
     @contained
     async def Prefill(self, request, context):
+        attributes = {"pdmesh.request.id": request.key.room.hex(),
+                      "pdmesh.prompt_tokens": len(request.prompt_tokens)}
+        with span("prefill", context=incoming_context(context), kind=SpanKind.SERVER,
+                  attributes=attributes) as server_span:
+            await self._prefill(request, context, server_span)
+
+    async def _prefill(self, request, context, server_span) -> None:
         self.counters.requests_total += 1
         budget = context.time_remaining() or self.config.default_budget
         sampling = sampling_from_proto(request.sampling)
@@ -168,8 +179,10 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             if cause is not None:
                 job.room.fail(cause, time.monotonic())
                 self.counters.aborts[cause.value] += 1  # once per request that ended early
+                mark_aborted(server_span, cause.value, job.abort_stage or job.stage)
             with anyio.move_on_after(FENCE_SECONDS + 1, shield=True):
                 await self._release(job)
+            server_span.add_event("released", {"pdmesh.kv.pages": len(job.pages)})
 
     async def _run(self, job: Job, tokens, sampling, info: cpb.TransferInfo, context) -> None:
         member, pool = self.member, self.member.pool
@@ -181,9 +194,12 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         logits = None
         started = time.perf_counter()
         faults = member.faults
+        job.stage = "prefill"
         for start in range(0, n, self.config.chunk_tokens):
             chunk = tokens[start : start + self.config.chunk_tokens]
-            logits = await self.scheduler.prefill(chunk, job.pages, start)
+            with span("prefill chunk", attributes={"pdmesh.chunk.start": start,
+                                                   "pdmesh.chunk.tokens": len(chunk)}):
+                logits = await self.scheduler.prefill(chunk, job.pages, start)
             self.counters.prompt_tokens_computed_total += len(chunk)
             done = start + len(chunk)
             if done < n and faults.pause_between_chunks:  # W4's window: a write not yet posted
@@ -208,13 +224,19 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             first_token=first,
         )
         deadline = room.deadline
-        for transfer in job.transfers:  # earlier chunks land before the notifying write
-            await wait(transfer, deadline)
-        if faults.delay_kv_ready:
-            await anyio.sleep(faults.delay_kv_ready)
-        notif = None if faults.drop_kv_ready else ready.SerializeToString()
-        final = self._write(job, range(sent, len(dst)), dst, notif)
-        await wait(final, deadline)
+        job.stage = "transfer"
+        attributes = {"pdmesh.kv.pages": len(dst), "pdmesh.kv.bytes": len(dst) * pool.page_bytes,
+                      "pdmesh.kv.backend": "nixl-ucx", "pdmesh.kv.writes": len(job.transfers) + 1,
+                      "pdmesh.peer": job.peer.member.name}
+        with span("kv transfer", attributes=attributes) as transfer_span:
+            for transfer in job.transfers:  # earlier chunks land before the notifying write
+                await wait(transfer, deadline)
+            if faults.delay_kv_ready:
+                await anyio.sleep(faults.delay_kv_ready)
+            notif = None if faults.drop_kv_ready else ready.SerializeToString()
+            final = self._write(job, range(sent, len(dst)), dst, notif)
+            await wait(final, deadline)
+            transfer_span.set_attribute("pdmesh.kv.status", "ok")
         room.transition(RoomState.SUCCESS, time.monotonic())
         elapsed = time.perf_counter() - started
         result = cpb.TransferResult(
@@ -280,7 +302,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             return cpb.AbortAck(key=request.key, known=False, released=True)
         if self.member.faults.delay_abort:
             await anyio.sleep(self.member.faults.delay_abort)
-        self._cancel(job, reason)
+        self._cancel(job, reason, request.stage)
         with anyio.move_on_after(ABORT_WAIT_SECONDS):
             await job.released.wait()
         return cpb.AbortAck(
@@ -293,9 +315,10 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
     def _ref(self) -> cpb.PeerRef:
         return cpb.PeerRef(name=self.member.name, epoch=self.epoch())
 
-    def _cancel(self, job: Job, reason: FailureCause) -> None:
+    def _cancel(self, job: Job, reason: FailureCause, stage: str = "") -> None:
         if job.abort_reason is None:
             job.abort_reason = reason
+            job.abort_stage = stage
         job.scope.cancel()
 
     def on_peer_lost(self, member: bpb.Member, reason: str) -> None:

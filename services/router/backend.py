@@ -13,11 +13,13 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import grpc
+from opentelemetry.trace import SpanKind
 
 from libs.engine.config import ModelConfig
 from libs.engine.tokenizer import Tokenizer
+from libs.tracing import mark_aborted, span
 from pdmesh.v1 import common_pb2 as cpb
-from services.router.core import Finished, MeshClient, MeshError
+from services.router.core import Finished, MeshClient, MeshError, Progress
 from services.router.metrics import RouterMetrics
 from services.router.openai_schema import (
     CompletionRequest,
@@ -85,21 +87,51 @@ class MeshBackend:
         if not prompt:
             raise RequestError(400, "the prompt is empty", param="prompt")
         sampling = self.sampling(req, len(prompt))
-        async for event in self.run(prompt, sampling):
+        operation = "chat" if req.kind == "chat" else "text_completion"
+        async for event in self.run(prompt, sampling, operation):
             if isinstance(event, Finished):
                 yield FinishEvent(event.finish_reason, len(prompt), event.completion_tokens)
             else:
                 yield TokenEvent(event.text, event.token_ids[-1] if event.token_ids else -1)
 
-    async def run(self, prompt: list[int], sampling: cpb.SamplingParams):
-        """The mesh request with metrics; shared by the HTTP and gRPC front ends."""
+    async def run(self, prompt: list[int], sampling: cpb.SamplingParams,
+                  operation: str = "text_completion"):
+        """The mesh request with metrics and its root span (GenAI semantic conventions);
+        shared by the HTTP and gRPC front ends."""
+        attributes = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.request.model": self.model_id,
+            "gen_ai.request.max_tokens": sampling.max_tokens,
+            "gen_ai.request.temperature": sampling.temperature,
+            "gen_ai.request.top_p": sampling.top_p,
+            "gen_ai.usage.input_tokens": len(prompt),
+        }
+        with span(f"{operation} {self.model_id}", kind=SpanKind.SERVER,
+                  attributes=attributes) as root:
+            progress = Progress()
+            try:
+                async with aclosing(self._run(prompt, sampling, progress)) as events:
+                    async for event in events:
+                        if isinstance(event, Finished):
+                            root.set_attribute("gen_ai.usage.output_tokens",
+                                               event.completion_tokens)
+                            root.set_attribute("gen_ai.response.finish_reasons",
+                                               [event.finish_reason])
+                        yield event
+            except BaseException:
+                mark_aborted(root, progress.abort_reason or "client_disconnect", progress.stage)
+                raise
+            finally:
+                root.set_attribute("pdmesh.request.id", progress.room)
+
+    async def _run(self, prompt: list[int], sampling: cpb.SamplingParams, progress: Progress):
         started = last = time.perf_counter()
         first = True
         self.inflight += 1
         self.metrics.inflight.inc()
         outcome = "client_disconnect"
         try:
-            async with aclosing(self.mesh.generate(prompt, sampling)) as events:
+            async with aclosing(self.mesh.generate(prompt, sampling, progress=progress)) as events:
                 async for event in events:
                     now = time.perf_counter()
                     if first:

@@ -25,8 +25,11 @@ from dataclasses import dataclass
 
 import anyio
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 
 from libs.rpc.calls import unary
+from libs.tracing import mark_aborted, outgoing_metadata, span
 from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import decode_pb2 as dpb
 from pdmesh.v1 import prefill_pb2 as ppb
@@ -78,6 +81,15 @@ def _reason_for(code: grpc.StatusCode) -> str:
     return "internal"
 
 
+@dataclass
+class Progress:
+    """Where a request is, for its trace: the stage an abort happened in, and why."""
+
+    stage: str = "queued"  # queued | prefill | transfer | decode
+    room: str = ""  # hex of the current attempt's room id
+    abort_reason: str | None = None
+
+
 def _task_cancelling() -> bool:
     task = asyncio.current_task()
     return task is not None and task.cancelling() > 0
@@ -106,7 +118,8 @@ class MeshClient:
         self.retries_total = 0
 
     async def generate(
-        self, prompt: list[int], sampling: cpb.SamplingParams, budget: float | None = None
+        self, prompt: list[int], sampling: cpb.SamplingParams, budget: float | None = None,
+        progress: Progress | None = None,
     ) -> AsyncIterator[Tokens | Finished]:
         """Run one request; yields Tokens then one Finished, or raises MeshError.
 
@@ -118,11 +131,12 @@ class MeshClient:
         """
         budget = budget or self.default_budget
         deadline = time.monotonic() + budget
+        progress = progress or Progress()
         avoid: frozenset[str] = frozenset()
         for attempt in range(self.retries + 1):
             yielded = False
             try:
-                async for event in self._attempt(prompt, sampling, deadline, avoid):
+                async for event in self._attempt(prompt, sampling, deadline, avoid, progress):
                     yielded = True
                     yield event
                 return
@@ -143,15 +157,17 @@ class MeshClient:
 
     async def _attempt(
         self, prompt: list[int], sampling: cpb.SamplingParams, deadline: float,
-        avoid: frozenset[str],
+        avoid: frozenset[str], progress: Progress,
     ) -> AsyncIterator[Tokens | Finished]:
         key = self.minter.mint()
+        progress.room, progress.stage = key.room.hex(), "queued"
         try:
-            pair = self.pairing.pick(avoid)
+            with span("pair selection"):
+                pair = self.pairing.pick(avoid)
         except NoPair as e:
             raise MeshError(str(e), grpc.StatusCode.UNAVAILABLE) from None
         with pair:
-            legs = _Legs(pair, key)
+            legs = _Legs(pair, key, progress)
             pair.prefill.requests.add(legs)
             pair.decode.requests.add(legs)
             reason = "internal"
@@ -181,16 +197,20 @@ class MeshClient:
                 pair.decode.requests.discard(legs)
                 if not legs.finished:
                     self.aborts[reason] = self.aborts.get(reason, 0) + 1
+                    progress.abort_reason = reason
                     with anyio.move_on_after(ABORT_SECONDS, shield=True):
                         await legs.abort(reason)
+                legs.end_decode_span()
 
 
 class _Legs:
     """The two calls of one request and how to cancel them."""
 
-    def __init__(self, pair: Pair, key: cpb.RoomKey):
+    def __init__(self, pair: Pair, key: cpb.RoomKey, progress: Progress):
         self.pair = pair
         self.key = key
+        self.progress = progress
+        self.decode_span: Span | None = None
         self.decode_call = None
         self.prefill_call = None
         self.prefill_done = False
@@ -207,27 +227,48 @@ class _Legs:
             if call is not None:
                 call.cancel()
 
+    def end_decode_span(self) -> None:
+        if self.decode_span is not None:
+            if not self.finished:
+                mark_aborted(self.decode_span, self.progress.abort_reason or "internal",
+                             self.progress.stage)
+            self.decode_span.end()
+            self.decode_span = None
+
     async def run(self, prompt, sampling, deadline) -> AsyncIterator[Tokens | Finished]:
-        pair, key = self.pair, self.key
+        pair, key, progress = self.pair, self.key, self.progress
+        # The decode call lives as long as the request: its span is ended by the owner
+        # (end_decode_span), the prefill call's span is a sibling under the request.
+        self.decode_span = trace.get_tracer("pdmesh").start_span(
+            "decode call", kind=SpanKind.CLIENT,
+            attributes={"pdmesh.member": pair.decode.member.name,
+                        "pdmesh.request.id": key.room.hex()},
+        )
         self.decode_call = pair.decode.stub.Generate(
             dpb.DecodeRequest(
                 key=key, prompt_tokens=len(prompt), sampling=sampling, prefill=pair.prefill.ref
             ),
             timeout=deadline - time.monotonic(),
+            metadata=outgoing_metadata(span=self.decode_span),
         )
         first = await self.decode_call.read()
         if first is grpc.aio.EOF or not first.HasField("transfer"):
             raise MeshError("decode did not answer with a TransferInfo", grpc.StatusCode.INTERNAL)
-        self.prefill_call = pair.prefill.stub.Prefill(
-            ppb.PrefillRequest(
-                key=key, prompt_tokens=prompt, sampling=sampling, transfer=first.transfer
-            ),
-            timeout=deadline - time.monotonic(),
-        )
+        progress.stage = "prefill"
         result = None
-        async for event in self.prefill_call:
-            if event.HasField("result"):
-                result = event.result
+        with span("prefill call", kind=SpanKind.CLIENT,
+                  attributes={"pdmesh.member": pair.prefill.member.name,
+                              "pdmesh.request.id": key.room.hex()}):
+            self.prefill_call = pair.prefill.stub.Prefill(
+                ppb.PrefillRequest(
+                    key=key, prompt_tokens=prompt, sampling=sampling, transfer=first.transfer
+                ),
+                timeout=deadline - time.monotonic(),
+                metadata=outgoing_metadata(),
+            )
+            async for event in self.prefill_call:
+                if event.HasField("result"):
+                    result = event.result
         if result is None or result.status != cpb.TRANSFER_OK:
             why = result.error if result is not None else "no TransferResult"
             raise MeshError(f"prefill failed: {why}")
@@ -238,6 +279,7 @@ class _Legs:
                 grpc.StatusCode.INTERNAL,
             )
         self.prefill_done = True
+        progress.stage = "transfer"
         # The prefill says every page was written; a decode that still sees no KvReady
         # after the grace is a lost notification, reported as one, not a 300 s hang.
         arrived = None
@@ -250,6 +292,7 @@ class _Legs:
             )
         if arrived is grpc.aio.EOF or not arrived.HasField("kv_arrived"):
             raise MeshError("decode did not confirm the KV's arrival", grpc.StatusCode.INTERNAL)
+        progress.stage = "decode"
         while True:
             event = await self.decode_call.read()
             if event is grpc.aio.EOF:
@@ -266,7 +309,9 @@ class _Legs:
         why its leg ended, not just that its caller left; the calls are cancelled
         whatever the Aborts' outcome."""
         try:
-            await self._send_aborts(reason)
+            with span("abort", attributes={"pdmesh.abort.reason": reason,
+                                           "pdmesh.abort.stage": self.progress.stage}):
+                await self._send_aborts(reason)
         finally:
             for call in (self.prefill_call, self.decode_call):
                 if call is not None:
@@ -280,20 +325,27 @@ class _Legs:
                 ack = await unary(
                     self.pair.prefill.stub.Abort,
                     cpb.Abort(key=self.key, reason=reason, prefill=self.pair.prefill.ref,
-                              decode=self.pair.decode.ref),
+                              decode=self.pair.decode.ref, stage=self.progress.stage),
                     timeout=ABORT_SECONDS,
                 )
                 fenced = ack.released
+                trace.get_current_span().add_event(
+                    "AbortAck", {"pdmesh.member": self.pair.prefill.member.name,
+                                 "pdmesh.released": ack.released})
             except grpc.aio.AioRpcError as e:
                 log.warning("Abort to prefill failed: %s", e.code().name)
         if self.lost_member == self.pair.decode.member.name:
             return  # nobody left to tell
         try:
-            await unary(
+            ack = await unary(
                 self.pair.decode.stub.Abort,
                 cpb.Abort(key=self.key, reason=reason, writer_fenced=fenced,
-                          prefill=self.pair.prefill.ref, decode=self.pair.decode.ref),
+                          prefill=self.pair.prefill.ref, decode=self.pair.decode.ref,
+                          stage=self.progress.stage),
                 timeout=ABORT_SECONDS,
             )
+            trace.get_current_span().add_event(
+                "AbortAck", {"pdmesh.member": self.pair.decode.member.name,
+                             "pdmesh.released": ack.released})
         except grpc.aio.AioRpcError as e:
             log.warning("Abort to decode failed: %s", e.code().name)

@@ -81,7 +81,8 @@ class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
                     )
                 )
             )
-            async with aclosing(self.backend.run(prompt, sampling)) as events:
+            operation = "chat" if req.kind == "chat" else "text_completion"
+            async with aclosing(self.backend.run(prompt, sampling, operation)) as events:
                 async for event in events:
                     if isinstance(event, Finished):
                         done = gpb.GenerateFinished(
