@@ -24,6 +24,8 @@ pdmesh: a prefill/decode-disaggregated LLM serving mesh.
   pdmesh generate PROMPT     stream a completion through the router's gRPC API
   pdmesh storm               abort|agentic|cascade|restart storms: timeline and verdict
   pdmesh bench               latency and throughput against a running mesh
+  pdmesh traces [ID]         recent requests (--aborted, --reason, --since, --slowest) or
+                             one request's span tree, from `pdmesh up --trace-store`
 """
 
 
@@ -73,6 +75,14 @@ def build_parser() -> argparse.ArgumentParser:
         up.add_argument(f"--{role}-args", default="", metavar="ARGS",
                         help=f"extra flags for every {role}, e.g. '--max-rooms 8' "
                         f"(see pdmesh {role} --help)")
+    up.add_argument("--trace-store", default=None, metavar="PATH",
+                    help="run the embedded trace store: an OTLP/gRPC receiver writing spans "
+                    "to this SQLite file, with every service exporting to it unless "
+                    "OTEL_EXPORTER_OTLP_ENDPOINT is set (read with `pdmesh traces`)")
+    up.add_argument("--trace-store-port", type=int, default=0,
+                    help="its OTLP/gRPC port (default a free one)")
+    up.add_argument("--trace-store-max-spans", type=int, default=200_000,
+                    help="spans kept; the oldest are dropped past it (200000)")
     up.add_argument("--faults", default=None, metavar="SPEC",
                     help="TEST ONLY: fault injection points for prefills and decodes "
                     "(see pdmesh prefill --help; default none)")
@@ -113,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     from pdmesh import storm as storm_mod
 
     storm_mod.add_arguments(storm)
+
+    traces = sub.add_parser(
+        "traces", help="recent requests and one request's span tree from the trace store"
+    )
+    from pdmesh import traces as traces_mod
+
+    traces_mod.add_arguments(traces)
 
     bench = sub.add_parser("bench", help="benchmark a mesh against transformers side by side")
     from pdmesh import bench as bench_mod
@@ -155,13 +172,31 @@ def main(argv: list[str] | None = None) -> int:
         )
         if plan.prefill < 1 or plan.decode < 1:
             parser.error("--prefill and --decode must be at least 1")
-        return run_service("up", lambda: supervise(plan))
+        if args.trace_store is None:
+            return run_service("up", lambda: supervise(plan))
+        from pdmesh import tracestore
+
+        store, port = tracestore.serve(
+            args.trace_store, args.host, args.trace_store_port, args.trace_store_max_spans
+        )
+        # the children inherit it; an operator's own collector wins
+        os.environ.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://{args.host}:{port}")
+        os.environ.setdefault("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        print(f"trace store: {args.trace_store} (OTLP/gRPC on {args.host}:{port})", flush=True)
+        try:
+            return run_service("up", lambda: supervise(plan))
+        finally:
+            store.stop(2).wait()
     if args.command == "status":
         return _status(args)
     if args.command == "generate":
         return _generate(args)
     if args.command == "debug":
         return _debug_dump(args)
+    if args.command == "traces":
+        from pdmesh import traces as traces_mod
+
+        return traces_mod.main(args)
     if args.command == "storm":
         from pdmesh import storm as storm_mod
 

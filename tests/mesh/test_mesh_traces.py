@@ -6,6 +6,9 @@ it through the standard OTEL_* variables, as it would to Jaeger or a collector.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from concurrent import futures
@@ -160,3 +163,35 @@ async def test_a_client_disconnect_ends_every_touched_span_as_an_abort(
     abort = by_service(spans, "pdmesh-router", "abort")
     assert abort["events"].count("AbortAck") >= 1
     await anyio.to_thread.run_sync(wait_quiet, mesh, 3.0)
+
+
+async def test_pdmesh_up_trace_store_and_pdmesh_traces(tmp_path):
+    """No other software: `pdmesh up --trace-store` keeps the spans in SQLite and
+    `pdmesh traces` lists the aborted request and prints its tree across the services."""
+    db = tmp_path / "traces.sqlite"
+    mesh = await anyio.to_thread.run_sync(lambda: start_mesh(
+        tmp_path, model="tiny", extra_env={"OTEL_BSP_SCHEDULE_DELAY": "100"},
+        up_args=["--trace-store", str(db)]))
+    try:
+        assert await run(mesh, "river engine " * 10, 4) == 4
+        await run(mesh, "river engine " * 10, 400, after_tokens=2)
+
+        def cli(*args: str) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "pdmesh.cli", "traces", "--db",
+                                   str(db), *args], capture_output=True, text=True, timeout=60)
+
+        deadline = time.monotonic() + 15
+        while True:
+            aborted = json.loads(cli("--aborted", "--json").stdout or "[]")
+            everything = json.loads(cli("--json").stdout or "[]")
+            if aborted and len(everything) >= 2:
+                break
+            assert time.monotonic() < deadline, (aborted, everything)
+            await anyio.sleep(0.2)
+        (root,) = aborted
+        assert root["attributes"]["pdmesh.abort.reason"] == "client_disconnect"
+        tree = cli(root["attributes"]["pdmesh.request.id"])
+        assert tree.returncode == 0
+        assert "pdmesh-decode: decode" in tree.stdout and "pdmesh-prefill: prefill" in tree.stdout
+    finally:
+        await anyio.to_thread.run_sync(mesh.stop)

@@ -1,0 +1,115 @@
+"""The embedded trace store: an OTLP/gRPC receiver writing spans into SQLite.
+
+So traces work with no other software installed: `pdmesh up --trace-store PATH` runs
+it as a child process and points every member at it, and `pdmesh traces` reads the file.
+The table is bounded: past `max_spans` the oldest spans are dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+log = logging.getLogger("pdmesh.tracestore")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS spans (
+    trace_id TEXT NOT NULL, span_id TEXT NOT NULL, parent_id TEXT NOT NULL,
+    service TEXT NOT NULL, name TEXT NOT NULL, start_ns INTEGER NOT NULL,
+    end_ns INTEGER NOT NULL, status INTEGER NOT NULL, message TEXT NOT NULL,
+    attributes TEXT NOT NULL, events TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS spans_trace ON spans (trace_id);
+CREATE INDEX IF NOT EXISTS spans_start ON spans (start_ns);
+"""
+STATUS_ERROR = 2  # OTLP Status.STATUS_CODE_ERROR
+
+
+def _value(v):
+    kind = v.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(x) for x in v.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: _value(kv.value) for kv in v.kvlist_value.values}
+    if kind == "bytes_value":
+        return v.bytes_value.hex()
+    return getattr(v, kind) if kind else None
+
+
+def rows_of(request: trace_service_pb2.ExportTraceServiceRequest) -> list[tuple]:
+    rows = []
+    for resource_spans in request.resource_spans:
+        service = next((_value(a.value) for a in resource_spans.resource.attributes
+                        if a.key == "service.name"), "unknown")
+        for scope in resource_spans.scope_spans:
+            for s in scope.spans:
+                attributes = {a.key: _value(a.value) for a in s.attributes}
+                events = [{"name": e.name, "time_ns": e.time_unix_nano,
+                           "attributes": {a.key: _value(a.value) for a in e.attributes}}
+                          for e in s.events]
+                rows.append((
+                    s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), service, s.name,
+                    s.start_time_unix_nano, s.end_time_unix_nano, s.status.code,
+                    s.status.message, json.dumps(attributes), json.dumps(events),
+                ))
+    return rows
+
+
+class TraceStore:
+    """Spans in one SQLite file, oldest dropped past `max_spans`. Thread-safe."""
+
+    def __init__(self, path: str | Path, max_spans: int = 200_000):
+        self.path = Path(path)
+        self.max_spans = max_spans
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False)
+        self._db.executescript(SCHEMA)
+        self.dropped = 0
+
+    def add(self, rows: list[tuple]) -> None:
+        with self._lock, self._db:
+            self._db.executemany(
+                "INSERT INTO spans VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
+            )
+            (count,) = self._db.execute("SELECT COUNT(*) FROM spans").fetchone()
+            excess = count - self.max_spans
+            if excess > 0:
+                self._db.execute(
+                    "DELETE FROM spans WHERE rowid IN "
+                    "(SELECT rowid FROM spans ORDER BY rowid LIMIT ?)", (excess,)
+                )
+                self.dropped += excess
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class _Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, store: TraceStore):
+        self.store = store
+
+    def Export(self, request, context):
+        try:
+            self.store.add(rows_of(request))
+        except sqlite3.Error as e:  # a full disk or a broken file: refuse, stay up
+            log.error("trace store: %s", e)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"trace store: {e}")
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def serve(path: str | Path, host: str, port: int, max_spans: int) -> tuple[grpc.Server, int]:
+    """Start the receiver (its own thread pool); returns the server and its port."""
+    store = TraceStore(path, max_spans)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Receiver(store), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    server.start()
+    return server, bound
