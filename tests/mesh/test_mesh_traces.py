@@ -195,3 +195,22 @@ async def test_pdmesh_up_trace_store_and_pdmesh_traces(tmp_path):
         assert "pdmesh-decode: decode" in tree.stdout and "pdmesh-prefill: prefill" in tree.stdout
     finally:
         await anyio.to_thread.run_sync(mesh.stop)
+
+
+async def test_an_unreachable_collector_never_blocks_serving(tmp_path):
+    """Every service exports to a port nobody listens on: requests are served as usual
+    (the bounded batch queue drops spans; nothing waits on the exporter) and the mesh
+    still stops promptly."""
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+           "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    mesh = await anyio.to_thread.run_sync(
+        lambda: start_mesh(tmp_path, model="tiny", extra_env=env))
+    try:
+        for _ in range(5):
+            started = time.monotonic()
+            assert await run(mesh, "river engine " * 10, 8) == 8
+            assert time.monotonic() - started < 2.0
+    finally:
+        started = time.monotonic()
+        await anyio.to_thread.run_sync(mesh.stop)
+        assert time.monotonic() - started < 15.0
