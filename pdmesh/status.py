@@ -7,7 +7,7 @@ import json
 import anyio
 import grpc
 
-from libs.rpc.calls import open_channel, unary
+from libs.rpc.calls import close_channel, open_channel, unary
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
 from pdmesh.v1 import common_pb2 as cpb
@@ -65,7 +65,7 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
     except grpc.aio.AioRpcError as e:
         row["error"] = f"{e.code().name}: {e.details()}"
     finally:
-        await channel.close()
+        await close_channel(channel)
     return row
 
 
@@ -77,7 +77,7 @@ async def collect(bootstrap: str, timeout: float = 3.0) -> dict:
             bgrpc.BootstrapStub(channel).ListMembers, bpb.ListMembersRequest(), timeout=timeout
         )
     finally:
-        await channel.close()
+        await close_channel(channel)
     rows: list[dict] = [{}] * len(reply.members)
 
     async def fill(i: int, member: bpb.Member) -> None:
@@ -125,7 +125,7 @@ async def dump_member(bootstrap: str, name: str, timeout: float = 10.0) -> cpb.D
                 timeout=timeout,
             )
         finally:
-            await channel.close()
+            await close_channel(channel)
         found = [m.address for m in reply.members if m.name == name]
         if not found:
             known = ", ".join(sorted(m.name for m in reply.members)) or "none"
@@ -135,7 +135,7 @@ async def dump_member(bootstrap: str, name: str, timeout: float = 10.0) -> cpb.D
     try:
         return await unary(cgrpc.AdminStub(channel).Dump, cpb.DumpRequest(), timeout=timeout)
     finally:
-        await channel.close()
+        await close_channel(channel)
 
 
 def render_dump(reply: cpb.DumpReply) -> str:

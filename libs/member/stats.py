@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from libs.engine.kvpool import KvPool
-from libs.kvpoll import RoomKey, RoomTable
+from libs.kvpoll import FailureCause, RoomKey, RoomTable
 from pdmesh.v1 import common_pb2 as cpb
 
 # Seconds without a state change before a live room counts as pinned: long enough that a
@@ -25,6 +25,13 @@ class Counters:
     deadline_expired_total: int = 0
     prompt_tokens_computed_total: int = 0
     aborts: Counter[str] = field(default_factory=Counter)
+
+    def cancelled(self, deadline: float) -> FailureCause:
+        """Why gRPC cancelled a handler: its deadline passed (counted), or its caller left."""
+        if time.monotonic() >= deadline - 0.01:
+            self.deadline_expired_total += 1
+            return FailureCause.DEADLINE
+        return FailureCause.CLIENT_DISCONNECT
 
     def stats(self, role: int, name: str, epoch: int, healthy: bool, table: RoomTable,
               pool: KvPool, peer_of: Callable[[RoomKey], str] = lambda key: "",

@@ -22,6 +22,13 @@ def open_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
 
 
+async def close_channel(channel: grpc.aio.Channel, seconds: float = 1.0) -> None:
+    """Close a channel from a finally block: shielded (the scope may be cancelled) and
+    bounded (field guide, trap 9)."""
+    with anyio.move_on_after(seconds, shield=True):
+        await channel.close()
+
+
 async def unary(method: Any, request: Any, *, timeout: float, metadata=None) -> Any:
     """Call a unary-unary method; anyio cancellation cancels the RPC cleanly."""
     call = method(request, timeout=timeout, metadata=metadata)

@@ -15,27 +15,15 @@ import statistics
 import time
 
 import anyio
-import grpc
 
 from pdmesh.client import GenerateClient
-from pdmesh.storm.common import Timeline, count, error_kind, ms, pct, wait_quiet, words
+from pdmesh.storm.common import Timeline, cancel_after, count, ms, pct, wait_quiet, words
 
 
-async def _one(client: GenerateClient, prompt: str, cancel_after: float, args,
+async def _one(client: GenerateClient, prompt: str, delay: float, args,
                outcomes: dict) -> None:
-    tokens = 0
-    with anyio.move_on_after(cancel_after) as scope:
-        try:
-            async for item in client.generate(prompt=prompt, max_tokens=args.max_tokens,
-                                              temperature=0, ignore_eos=True):
-                tokens += len(getattr(item, "token_ids", []))
-        except grpc.aio.AioRpcError as e:
-            count(outcomes, error_kind(e))
-            return
-    if scope.cancelled_caught:
-        count(outcomes, "cancelled_streaming" if tokens else "cancelled_before_first_token")
-    else:
-        count(outcomes, "completed")
+    count(outcomes, await cancel_after(client, delay, prompt=prompt,
+                                       max_tokens=args.max_tokens))
 
 
 async def _wave(client: GenerateClient, args, rng: random.Random, wave: int,

@@ -21,7 +21,7 @@ import anyio
 import grpc
 
 from pdmesh.client import GenerateClient
-from pdmesh.storm.common import Timeline, complete, count, error_kind, words
+from pdmesh.storm.common import Timeline, cancel_after, complete, count, error_kind, words
 
 REFUSED_RETRIES = 50  # a well-behaved agent retries a full mesh's RESOURCE_EXHAUSTED
 REFUSED_BACKOFF = 0.2
@@ -57,19 +57,10 @@ def plans(args) -> list[Plan]:
 async def _cancelled(client: GenerateClient, messages: list[dict], after: float, args,
                      outcomes: dict) -> None:
     """The request the agent gives up on: long enough (ignore_eos) to be mid-flight."""
-    tokens = 0
-    with anyio.move_on_after(after) as scope:
-        try:
-            async for item in client.generate(messages=messages, max_tokens=args.cancel_tokens,
-                                              temperature=0, ignore_eos=True):
-                tokens += len(getattr(item, "token_ids", []))
-        except grpc.aio.AioRpcError as e:
-            count(outcomes, f"cancel_request_{error_kind(e)}")
-            return
-    if scope.cancelled_caught:
-        count(outcomes, "cancelled_streaming" if tokens else "cancelled_before_first_token")
-    else:
-        count(outcomes, "cancel_request_completed_first")
+    outcome = await cancel_after(client, after, messages=messages, max_tokens=args.cancel_tokens)
+    if outcome == "completed":
+        outcome = "completed_first"
+    count(outcomes, outcome if outcome.startswith("cancelled") else f"cancel_request_{outcome}")
 
 
 async def _reply(client: GenerateClient, messages: list[dict], args,

@@ -75,7 +75,8 @@ async def cycle(args, timeline: Timeline, k: int) -> dict:
     finally:
         with suppress(ProcessLookupError):
             process.kill()
-        await process.aclose()
+        with anyio.move_on_after(5.0, shield=True):
+            await process.aclose()
     quiet = await wait_quiet(args.bootstrap, killed)
     after = aborts_by_reason(await collect(args.bootstrap))
     aborts = {r: n - before.get(r, 0) for r, n in after.items() if n - before.get(r, 0)}

@@ -153,6 +153,21 @@ def error_kind(e: grpc.aio.AioRpcError) -> str:
     return f"{kind}:{e.code().name}"
 
 
+async def cancel_after(client, after: float, **request) -> str:
+    """One greedy ignore_eos request its client cancels after `after` seconds; what became
+    of it: cancelled_before_first_token | cancelled_streaming | completed | error_kind."""
+    tokens = 0
+    with anyio.move_on_after(after) as scope:
+        try:
+            async for item in client.generate(temperature=0, ignore_eos=True, **request):
+                tokens += len(getattr(item, "token_ids", []))
+        except grpc.aio.AioRpcError as e:
+            return error_kind(e)
+    if scope.cancelled_caught:
+        return "cancelled_streaming" if tokens else "cancelled_before_first_token"
+    return "completed"
+
+
 def words(rng: random.Random, n: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n))
 

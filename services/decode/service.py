@@ -35,7 +35,7 @@ from libs.member.wire import (
     key_to_proto,
     sampling_from_proto,
 )
-from libs.rpc.calls import open_channel, unary
+from libs.rpc.calls import close_channel, open_channel, unary
 from libs.rpc.dump import dump
 from libs.rpc.handlers import RpcError, contained, invalid
 from libs.tracing import incoming_context, mark_aborted, span
@@ -203,13 +203,8 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         except TimeoutError:
             cause = FailureCause.DEADLINE
             raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "decode deadline") from None
-        except anyio.get_cancelled_exc_class():
-            # gRPC cancels the handler when the caller leaves or its deadline passes
-            if time.monotonic() >= deadline - 0.01:
-                cause = FailureCause.DEADLINE
-                self.counters.deadline_expired_total += 1
-            else:
-                cause = FailureCause.CLIENT_DISCONNECT
+        except anyio.get_cancelled_exc_class():  # the caller left, or its deadline passed
+            cause = self.counters.cancelled(deadline)
             raise
         except BaseException:
             cause = cause or FailureCause.INTERNAL
@@ -360,8 +355,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             except grpc.aio.AioRpcError as e:
                 log.warning("room %s: Abort to writer failed: %s", slot.key, e.code().name)
             finally:
-                with anyio.move_on_after(1.0, shield=True):
-                    await channel.close()
+                await close_channel(channel)
             await anyio.sleep(0.2 * 2**attempt)
         log.error("room %s: writer never acknowledged; pages stay quarantined", slot.key)
 

@@ -164,13 +164,8 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             cause = FailureCause.TRANSFER_ERROR
             self.counters.transfer_failed_total += 1
             raise RpcError(grpc.StatusCode.UNAVAILABLE, f"KV transfer failed: {e}") from e
-        except anyio.get_cancelled_exc_class():
-            # gRPC cancels the handler when the caller leaves or its deadline passes
-            if time.monotonic() >= job.room.deadline - 0.01:
-                cause = FailureCause.DEADLINE
-                self.counters.deadline_expired_total += 1
-            else:
-                cause = FailureCause.CLIENT_DISCONNECT
+        except anyio.get_cancelled_exc_class():  # the caller left, or its deadline passed
+            cause = self.counters.cancelled(job.room.deadline)
             raise
         except BaseException:
             cause = cause or FailureCause.INTERNAL

@@ -29,6 +29,11 @@ from services.router.openai_schema import (
 )
 
 
+def operation_of(req: CompletionRequest) -> str:
+    """The GenAI operation name of a request (its root span is `{operation} {model}`)."""
+    return "chat" if req.kind == "chat" else "text_completion"
+
+
 class MeshBackend:
     def __init__(
         self,
@@ -87,8 +92,7 @@ class MeshBackend:
         if not prompt:
             raise RequestError(400, "the prompt is empty", param="prompt")
         sampling = self.sampling(req, len(prompt))
-        operation = "chat" if req.kind == "chat" else "text_completion"
-        async for event in self.run(prompt, sampling, operation):
+        async for event in self.run(prompt, sampling, operation_of(req)):
             if isinstance(event, Finished):
                 yield FinishEvent(event.finish_reason, len(prompt), event.completion_tokens)
             else:

@@ -115,7 +115,6 @@ class MeshClient:
         self.default_budget = default_budget
         self.retries = retries
         self.aborts: dict[str, int] = {}
-        self.retries_total = 0
 
     async def generate(
         self, prompt: list[int], sampling: cpb.SamplingParams, budget: float | None = None,
@@ -150,7 +149,6 @@ class MeshClient:
                 )
                 if not retry:
                     raise
-                self.retries_total += 1
                 self.on_retry()
                 avoid = frozenset({e.pair.prefill.member.name, e.pair.decode.member.name})
                 log.warning("retrying after %s (attempt %d)", e, attempt + 1)

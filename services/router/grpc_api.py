@@ -13,7 +13,7 @@ from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import common_pb2_grpc as cgrpc
 from pdmesh.v1 import generate_pb2 as gpb
 from pdmesh.v1 import generate_pb2_grpc as ggrpc
-from services.router.backend import MeshBackend
+from services.router.backend import MeshBackend, operation_of
 from services.router.core import Finished, MeshError
 from services.router.openai_schema import ChatMessage, CompletionRequest, RequestError
 
@@ -81,8 +81,7 @@ class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
                     )
                 )
             )
-            operation = "chat" if req.kind == "chat" else "text_completion"
-            async with aclosing(self.backend.run(prompt, sampling, operation)) as events:
+            async with aclosing(self.backend.run(prompt, sampling, operation_of(req))) as events:
                 async for event in events:
                     if isinstance(event, Finished):
                         done = gpb.GenerateFinished(

@@ -42,18 +42,22 @@ def words(n: int, salt: int = 0) -> str:
     return " ".join(WORDS[(i * 7 + salt) % len(WORDS)] for i in range(n))
 
 
-def faulted(tmp_path_factory, name: str, faults: str = "", **kwargs):
-    up_args = kwargs.pop("up_args", [])
+def mesh_fixture(name: str, faults: str = "", up_args: tuple[str, ...] = (), **kwargs):
+    """A module-scoped tiny mesh started with these faults and `pdmesh up` flags."""
     if faults:
-        up_args = [*up_args, "--faults", faults]
-    return start_mesh(tmp_path_factory.mktemp(name), model="tiny", up_args=up_args, **kwargs)
+        up_args = (*up_args, "--faults", faults)
+
+    @pytest.fixture(scope="module")
+    def mesh(tmp_path_factory):
+        started = start_mesh(tmp_path_factory.mktemp(name), model="tiny",
+                             up_args=list(up_args), **kwargs)
+        yield started
+        started.stop()
+
+    return mesh
 
 
-@pytest.fixture(scope="module")
-def paused_mesh(tmp_path_factory):
-    mesh = faulted(tmp_path_factory, "paused", f"pause_between_chunks={PAUSE}")
-    yield mesh
-    mesh.stop()
+paused_mesh = mesh_fixture("paused", f"pause_between_chunks={PAUSE}")
 
 
 async def status(mesh) -> dict:
@@ -146,13 +150,9 @@ async def test_m01_raw_frames_and_garbage_kill_no_loop(tiny_mesh):
     intruder.remove_remote_agent(remote)
 
 
-@pytest.fixture(scope="module")
-def wedged_mesh(tmp_path_factory):
-    # Every prefill forward blocks its compute thread 3 s; health turns red after 1 s.
-    mesh = faulted(tmp_path_factory, "wedged", "stall_forward=3",
-                   up_args=["--prefill-args", "--stall-after 1"])
-    yield mesh
-    mesh.stop()
+# Every prefill forward blocks its compute thread 3 s; health turns red after 1 s.
+wedged_mesh = mesh_fixture("wedged", "stall_forward=3",
+                           up_args=["--prefill-args", "--stall-after 1"])
 
 
 async def test_m01_a_wedged_loop_turns_health_red_then_green(wedged_mesh):
@@ -219,13 +219,9 @@ async def test_m02_a_client_gone_between_chunks_aborts_both_legs(paused_mesh):
 # ---- 3. freeing decode pages while a write into them can still land (W4) ------------
 
 
-@pytest.fixture(scope="module")
-def w4_mesh(tmp_path_factory):
-    # The prefill pauses before each write and holds every Abort 1.5 s: a write into
-    # a room the decode already ended lands PAUSE seconds after the room ended.
-    mesh = faulted(tmp_path_factory, "w4", f"pause_between_chunks={PAUSE},delay_abort=1.5")
-    yield mesh
-    mesh.stop()
+# The prefill pauses before each write and holds every Abort 1.5 s: a write into
+# a room the decode already ended lands PAUSE seconds after the room ended.
+w4_mesh = mesh_fixture("w4", f"pause_between_chunks={PAUSE},delay_abort=1.5")
 
 
 async def test_m03_a_late_write_never_lands_in_another_requests_pages(w4_mesh):
@@ -327,13 +323,9 @@ async def test_m04_rooms_are_minted_and_duplicates_refused(tiny_mesh):
 # ---- 5. a state machine where a late write leaves a terminal state --------------------
 
 
-@pytest.fixture(scope="module")
-def late_mesh(tmp_path_factory):
-    # The final, notifying write is posted 1.5 s late; Aborts are held 3 s, so
-    # nothing stops the late write: the field report's resurrection sequence.
-    mesh = faulted(tmp_path_factory, "late", "delay_kv_ready=1.5,delay_abort=3")
-    yield mesh
-    mesh.stop()
+# The final, notifying write is posted 1.5 s late; Aborts are held 3 s, so
+# nothing stops the late write: the field report's resurrection sequence.
+late_mesh = mesh_fixture("late", "delay_kv_ready=1.5,delay_abort=3")
 
 
 async def test_m05_a_late_kv_ready_does_not_revive_a_failed_room(late_mesh):
@@ -380,13 +372,8 @@ async def test_m05_a_late_kv_ready_does_not_revive_a_failed_room(late_mesh):
 # ---- 6. per-room state created by anyone who reaches a socket; unbounded tables -------
 
 
-@pytest.fixture(scope="module")
-def bounded_mesh(tmp_path_factory):
-    mesh = faulted(tmp_path_factory, "bounded",
-                   up_args=["--decode-args", "--max-rooms 4 --pinned-after 1",
-                            "--prefill-args", "--max-rooms 4"])
-    yield mesh
-    mesh.stop()
+bounded_mesh = mesh_fixture("bounded", up_args=("--decode-args", "--max-rooms 4 --pinned-after 1",
+                                                 "--prefill-args", "--max-rooms 4"))
 
 
 async def test_m06_forged_messages_create_nothing_and_floods_are_refused(bounded_mesh):
@@ -460,12 +447,8 @@ async def test_status_names_a_pinned_room(bounded_mesh):
 # ---- 7. a restarted peer's old agent kept; a dead peer's rooms waiting for a timeout ---
 
 
-@pytest.fixture(scope="module")
-def kill_mesh(tmp_path_factory):
-    mesh = faulted(tmp_path_factory, "kill", f"pause_between_chunks={PAUSE}",
-                   up_args=["--router-args", "--retries 0"])
-    yield mesh
-    mesh.stop()
+kill_mesh = mesh_fixture("kill", f"pause_between_chunks={PAUSE}",
+                         up_args=["--router-args", "--retries 0"])
 
 
 @pytest.mark.parametrize("victim", ["decode", "prefill"])
@@ -517,13 +500,9 @@ async def test_m07_a_peer_killed_between_chunks(kill_mesh, victim):
 # ---- 8. timeouts as the only failure signal; deadlines before pending events drain ----
 
 
-@pytest.fixture(scope="module")
-def slow_notif_mesh(tmp_path_factory):
-    mesh = faulted(tmp_path_factory, "slownotif",
-                   "fail_prefills=1,decode-0:delay_notifications=1.5",
-                   up_args=["--router-args", "--retries 0"])
-    yield mesh
-    mesh.stop()
+slow_notif_mesh = mesh_fixture("slownotif",
+                               "fail_prefills=1,decode-0:delay_notifications=1.5",
+                               up_args=["--router-args", "--retries 0"])
 
 
 async def test_m08_failures_are_signals_and_deadlines_drain_first(slow_notif_mesh):
@@ -569,11 +548,7 @@ async def test_m08_failures_are_signals_and_deadlines_drain_first(slow_notif_mes
 # ---- 9. decisions that need identical queues on every rank -----------------------------
 
 
-@pytest.fixture(scope="module")
-def two_prefill_mesh(tmp_path_factory):
-    mesh = faulted(tmp_path_factory, "twoprefill", prefill=2)
-    yield mesh
-    mesh.stop()
+two_prefill_mesh = mesh_fixture("twoprefill", prefill=2)
 
 
 async def test_m09_no_decision_waits_for_a_stalled_member(two_prefill_mesh):
@@ -607,12 +582,8 @@ async def test_m09_no_decision_waits_for_a_stalled_member(two_prefill_mesh):
 # ---- 10. a transfer backend whose only failure signal is "never done" -----------------
 
 
-@pytest.fixture(scope="module")
-def dropped_mesh(tmp_path_factory):
-    mesh = faulted(tmp_path_factory, "dropped", "drop_kv_ready=1",
-                   up_args=["--router-args", "--retries 0"])
-    yield mesh
-    mesh.stop()
+dropped_mesh = mesh_fixture("dropped", "drop_kv_ready=1",
+                            up_args=["--router-args", "--retries 0"])
 
 
 async def test_m10_a_lost_notification_is_reported_not_waited_for(dropped_mesh):
@@ -682,12 +653,8 @@ async def test_m11_a_mismatched_decode_is_refused_not_hung(tiny_mesh, tmp_path):
 # ---- 12. a late success over a pending abort; an aborted request reported as length ---
 
 
-@pytest.fixture(scope="module")
-def failing_mesh(tmp_path_factory):
-    # The first 4 Prefill calls fail after one chunk; the router retries once.
-    mesh = faulted(tmp_path_factory, "failing", "fail_prefills=4")
-    yield mesh
-    mesh.stop()
+# The first 4 Prefill calls fail after one chunk; the router retries once.
+failing_mesh = mesh_fixture("failing", "fail_prefills=4")
 
 
 def test_m12_an_aborted_request_is_never_a_200_with_finish_length(failing_mesh):
@@ -711,15 +678,11 @@ def test_m12_an_aborted_request_is_never_a_200_with_finish_length(failing_mesh):
 # ---- 13. retries that start before the previous attempt's legs are cancelled ----------
 
 
-@pytest.fixture(scope="module")
-def retry_mesh(tmp_path_factory):
-    # The decode's pool holds ONE request of the test's size (25 pages of 40): a retry
-    # that started before the failed attempt's decode leg released its pages would be
-    # refused RESOURCE_EXHAUSTED.
-    mesh = faulted(tmp_path_factory, "retry", "fail_prefills=1",
-                   up_args=["--decode-kv-pages", "40"])
-    yield mesh
-    mesh.stop()
+# The decode's pool holds ONE request of the test's size (25 pages of 40): a retry
+# that started before the failed attempt's decode leg released its pages would be
+# refused RESOURCE_EXHAUSTED.
+retry_mesh = mesh_fixture("retry", "fail_prefills=1",
+                          up_args=["--decode-kv-pages", "40"])
 
 
 async def test_m13_a_retry_starts_only_after_the_failed_attempt_was_released(retry_mesh):
