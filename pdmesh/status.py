@@ -76,6 +76,7 @@ async def collect(bootstrap: str, timeout: float = 3.0) -> dict:
         reply = await unary(
             bgrpc.BootstrapStub(channel).ListMembers, bpb.ListMembersRequest(), timeout=timeout
         )
+        own = await unary(cgrpc.AdminStub(channel).Stats, cpb.StatsRequest(), timeout=timeout)
     finally:
         await close_channel(channel)
     rows: list[dict] = [{}] * len(reply.members)
@@ -87,7 +88,8 @@ async def collect(bootstrap: str, timeout: float = 3.0) -> dict:
         for i, member in enumerate(reply.members):
             tg.start_soon(fill, i, member)
     rows.sort(key=lambda r: (r["role"], r["name"]))
-    return {"bootstrap": {"address": bootstrap}, "members": rows}
+    metrics = f"http://{own.metrics_address}/metrics" if own.metrics_address else None
+    return {"bootstrap": {"address": bootstrap, "metrics": metrics}, "members": rows}
 
 
 def render(status: dict) -> str:

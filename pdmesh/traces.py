@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sqlite3
 import sys
 import time
@@ -51,6 +52,27 @@ def open_store(path: str | Path) -> sqlite3.Connection:
     except sqlite3.DatabaseError as e:
         raise TraceStoreError(f"{path} is not a readable pdmesh trace store: {e}") from None
     return db
+
+
+LOW_DISK_BYTES = 1 << 20
+
+
+def store_warnings(db: sqlite3.Connection, path: str | Path) -> list[str]:
+    """What an operator should know before trusting the list: the store's disk filled up
+    (the oldest spans were dropped to make room, or new ones are being refused)."""
+    warnings = []
+    try:
+        noted = dict(db.execute("SELECT key, value FROM store_info").fetchall())
+    except sqlite3.OperationalError:  # a store from before store_info
+        noted = {}
+    if noted.get("dropped_disk_full"):
+        warnings.append(f"the disk holding {path} filled up: the {noted['dropped_disk_full']} "
+                        f"oldest spans were dropped to make room")
+    free = shutil.disk_usage(Path(path).resolve().parent).free
+    if free < LOW_DISK_BYTES:
+        warnings.append(f"the disk holding {path} is full ({free} bytes free): new spans "
+                        f"push out old ones or are refused, so recent requests may be missing")
+    return warnings
 
 
 def _span(row) -> dict:
@@ -154,6 +176,18 @@ def main(args: argparse.Namespace) -> int:
     except (TraceStoreError, ValueError) as e:
         print(f"pdmesh traces: {e}", file=sys.stderr)
         return 1
+    try:
+        return _answer(db, args, since)
+    except sqlite3.DatabaseError as e:  # a file damaged past its first page
+        print(f"pdmesh traces: {args.db} is damaged: {e}", file=sys.stderr)
+        return 1
+    finally:
+        db.close()
+
+
+def _answer(db: sqlite3.Connection, args: argparse.Namespace, since: float | None) -> int:
+    for warning in store_warnings(db, args.db):
+        print(f"pdmesh traces: warning: {warning}", file=sys.stderr)
     with db:
         if args.id:
             spans = trace(db, args.id)

@@ -28,7 +28,10 @@ CREATE TABLE IF NOT EXISTS spans (
 );
 CREATE INDEX IF NOT EXISTS spans_trace ON spans (trace_id);
 CREATE INDEX IF NOT EXISTS spans_start ON spans (start_ns);
+CREATE TABLE IF NOT EXISTS store_info (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 """
+SQLITE_FULL = 13  # "database or disk is full"
+ROOM_FRACTION = 10  # on a full disk, drop this fraction (1/N) of the oldest spans
 STATUS_ERROR = 2  # OTLP Status.STATUS_CODE_ERROR
 
 
@@ -63,7 +66,13 @@ def rows_of(request: trace_service_pb2.ExportTraceServiceRequest) -> list[tuple]
 
 
 class TraceStore:
-    """Spans in one SQLite file, oldest dropped past `max_spans`. Thread-safe."""
+    """Spans in one SQLite file, oldest dropped past `max_spans` or when the disk is full.
+    Thread-safe. What was dropped, and why, is kept in `store_info` for `pdmesh traces`.
+
+    A full disk is handled like the bound: the oldest tenth of the spans goes, which frees
+    pages inside the file for the new ones (SQLite reuses them without growing the file).
+    Only when even that fails is the export refused.
+    """
 
     def __init__(self, path: str | Path, max_spans: int = 200_000):
         self.path = Path(path)
@@ -71,21 +80,54 @@ class TraceStore:
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False)
         self._db.executescript(SCHEMA)
-        self.dropped = 0
+        with self._db:
+            self._db.execute("INSERT OR REPLACE INTO store_info VALUES ('max_spans', ?)",
+                             (max_spans,))
+        noted = dict(self._db.execute("SELECT key, value FROM store_info").fetchall())
+        self.dropped = noted.get("dropped_past_bound", 0)
+        self.dropped_full = noted.get("dropped_disk_full", 0)
 
     def add(self, rows: list[tuple]) -> None:
-        with self._lock, self._db:
+        with self._lock:
+            try:
+                self._insert(rows)
+            except sqlite3.OperationalError as e:
+                if getattr(e, "sqlite_errorcode", None) != SQLITE_FULL:
+                    raise
+                freed = self._make_room(len(rows))
+                log.warning("trace store: the disk is full; dropped the %d oldest spans",
+                            freed)
+                self._insert(rows)  # still full: the caller refuses the export
+
+    def _insert(self, rows: list[tuple]) -> None:
+        with self._db:
             self._db.executemany(
                 "INSERT INTO spans VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows
             )
             (count,) = self._db.execute("SELECT COUNT(*) FROM spans").fetchone()
             excess = count - self.max_spans
             if excess > 0:
-                self._db.execute(
-                    "DELETE FROM spans WHERE rowid IN "
-                    "(SELECT rowid FROM spans ORDER BY rowid LIMIT ?)", (excess,)
-                )
+                self._drop_oldest(excess)
                 self.dropped += excess
+                self._note("dropped_past_bound", self.dropped)
+
+    def _make_room(self, wanted: int) -> int:
+        with self._db:
+            (count,) = self._db.execute("SELECT COUNT(*) FROM spans").fetchone()
+            freed = min(count, max(wanted, count // ROOM_FRACTION))
+            self._drop_oldest(freed)
+            self.dropped_full += freed
+            self._note("dropped_disk_full", self.dropped_full)
+        return freed
+
+    def _drop_oldest(self, n: int) -> None:
+        self._db.execute(
+            "DELETE FROM spans WHERE rowid IN (SELECT rowid FROM spans ORDER BY rowid LIMIT ?)",
+            (n,),
+        )
+
+    def _note(self, key: str, value: int) -> None:
+        self._db.execute("INSERT OR REPLACE INTO store_info VALUES (?, ?)", (key, value))
 
     def close(self) -> None:
         with self._lock:

@@ -16,10 +16,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from libs.kvpoll import RoomState
+from libs.tracing.metrics import SpanLossCollector
 from pdmesh.v1 import common_pb2 as cpb
 
 PROMETHEUS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 BYTES_BUCKETS = tuple(float(4**k) for k in range(8, 17))  # 64 KiB .. 4 GiB
 
 
@@ -28,6 +30,7 @@ class MemberMetrics:
         self.registry = CollectorRegistry()
         labels = {"service": role, "role": role, "name": name}
         self.registry.register(_StatsCollector(labels, stats))
+        self.registry.register(SpanLossCollector(labels))
         self.transfer_seconds = Histogram(
             "pdmesh_kv_transfer_seconds", "A room's KV transfer, first chunk to KvReady",
             list(labels), buckets=SECONDS_BUCKETS, registry=self.registry,
@@ -36,6 +39,17 @@ class MemberMetrics:
             "pdmesh_kv_transfer_bytes", "Bytes of KV written for one room",
             list(labels), buckets=BYTES_BUCKETS, registry=self.registry,
         ).labels(**labels)
+
+        if role == "decode":  # the decode streams the tokens: it sees both latencies
+            self.ttft = Histogram(
+                "pdmesh_time_to_first_token_seconds",
+                "From the decode's Generate call to its first token (includes the prefill)",
+                list(labels), buckets=LATENCY_BUCKETS, registry=self.registry,
+            ).labels(**labels)
+            self.itl = Histogram(
+                "pdmesh_inter_token_latency_seconds", "Between two streamed token chunks",
+                list(labels), buckets=LATENCY_BUCKETS, registry=self.registry,
+            ).labels(**labels)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -6,13 +6,14 @@ cancellation and records cancelled RPCs as successful (field guide, traps 4 and 
 """
 
 from libs.tracing.propagation import incoming_context, outgoing_metadata
-from libs.tracing.setup import configure
+from libs.tracing.setup import configure, dropped_spans
 from libs.tracing.spans import ABORT_REASON, ABORT_STAGE, mark_aborted, span
 
 __all__ = [
     "ABORT_REASON",
     "ABORT_STAGE",
     "configure",
+    "dropped_spans",
     "incoming_context",
     "mark_aborted",
     "outgoing_metadata",

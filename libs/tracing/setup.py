@@ -13,11 +13,9 @@ import os
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import (
-    BatchSpanProcessor,
-    ConsoleSpanExporter,
-    SpanExporter,
-)
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SpanExporter
+
+from libs.tracing.loss import CountingBatchProcessor, SpanLoss
 
 QUEUE_SPANS = 4096
 EXPORT_TIMEOUT_MS = 2000
@@ -53,10 +51,16 @@ def configure(default_service: str, env: dict[str, str] | None = None) -> Tracer
     provider = TracerProvider(resource=Resource.create(attributes))
     exporter = exporter_from_env(env)
     if exporter is not None:
+        loss = SpanLoss(QUEUE_SPANS)
         provider.add_span_processor(
-            BatchSpanProcessor(
-                exporter, max_queue_size=QUEUE_SPANS, export_timeout_millis=EXPORT_TIMEOUT_MS
-            )
+            CountingBatchProcessor(exporter, loss, export_timeout_millis=EXPORT_TIMEOUT_MS)
         )
+        provider.pdmesh_span_loss = loss  # read by dropped_spans() for the metrics
     trace.set_tracer_provider(provider)
     return provider
+
+
+def dropped_spans() -> dict[str, int]:
+    """Spans this process lost, by cause; empty when nothing is exported."""
+    loss = getattr(trace.get_tracer_provider(), "pdmesh_span_loss", None)
+    return loss.dropped() if loss is not None else {}

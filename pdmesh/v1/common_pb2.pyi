@@ -193,7 +193,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MemberStats(_message.Message):
-    __slots__ = ("role", "name", "epoch", "healthy", "inflight", "kv_pages_used", "kv_pages_total", "rooms", "transfer_failed_total", "aborts_total", "requests_total", "pinned", "pid", "deadline_expired_total", "aborts_by_reason", "prompt_tokens_computed_total")
+    __slots__ = ("role", "name", "epoch", "healthy", "inflight", "kv_pages_used", "kv_pages_total", "rooms", "transfer_failed_total", "aborts_total", "requests_total", "pinned", "pid", "deadline_expired_total", "aborts_by_reason", "prompt_tokens_computed_total", "metrics_address")
     class RoomsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -224,6 +224,7 @@ class MemberStats(_message.Message):
     DEADLINE_EXPIRED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     ABORTS_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_COMPUTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     role: Role
     name: str
     epoch: int
@@ -240,7 +241,8 @@ class MemberStats(_message.Message):
     deadline_expired_total: int
     aborts_by_reason: _containers.ScalarMap[str, int]
     prompt_tokens_computed_total: int
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., healthy: _Optional[bool] = ..., inflight: _Optional[int] = ..., kv_pages_used: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., rooms: _Optional[_Mapping[str, int]] = ..., transfer_failed_total: _Optional[int] = ..., aborts_total: _Optional[int] = ..., requests_total: _Optional[int] = ..., pinned: _Optional[_Iterable[_Union[PinnedRoom, _Mapping]]] = ..., pid: _Optional[int] = ..., deadline_expired_total: _Optional[int] = ..., aborts_by_reason: _Optional[_Mapping[str, int]] = ..., prompt_tokens_computed_total: _Optional[int] = ...) -> None: ...
+    metrics_address: str
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., healthy: _Optional[bool] = ..., inflight: _Optional[int] = ..., kv_pages_used: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., rooms: _Optional[_Mapping[str, int]] = ..., transfer_failed_total: _Optional[int] = ..., aborts_total: _Optional[int] = ..., requests_total: _Optional[int] = ..., pinned: _Optional[_Iterable[_Union[PinnedRoom, _Mapping]]] = ..., pid: _Optional[int] = ..., deadline_expired_total: _Optional[int] = ..., aborts_by_reason: _Optional[_Mapping[str, int]] = ..., prompt_tokens_computed_total: _Optional[int] = ..., metrics_address: _Optional[str] = ...) -> None: ...
 
 class PinnedRoom(_message.Message):
     __slots__ = ("room", "generation", "state", "age_seconds", "idle_seconds", "peer")

@@ -36,6 +36,8 @@ class Registry:
     clock: Callable[[], float] = time.monotonic
     _members: dict[str, Lease] = field(default_factory=dict)
     _listeners: list[Listener] = field(default_factory=list)
+    # (JOINED|LEFT, reason) -> count, for the bootstrap's metrics
+    events_total: dict[tuple[str, str], int] = field(default_factory=dict)
     # Epochs start from wall-clock nanoseconds so a restarted bootstrap never
     # hands out an epoch an old registration already had.
     _next_epoch: int = field(default_factory=time.time_ns)
@@ -76,6 +78,9 @@ class Registry:
     def members(self) -> list[bpb.Member]:
         return [lease.member for lease in self._members.values()]
 
+    def watchers(self) -> int:
+        return len(self._listeners)
+
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         """Listen to membership events; returns the unsubscribe function."""
         self._listeners.append(listener)
@@ -89,5 +94,7 @@ class Registry:
 
     def _publish(self, kind: int, members: list[bpb.Member], reason: str) -> None:
         event = bpb.MembershipEvent(kind=kind, members=members, reason=reason)
+        counted = (bpb.MembershipEvent.Kind.Name(kind).lower(), reason)
+        self.events_total[counted] = self.events_total.get(counted, 0) + len(members)
         for listener in list(self._listeners):
             listener(event)

@@ -160,6 +160,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
     async def _generate(self, request, context, server_span) -> None:
         self.counters.requests_total += 1
         budget = context.time_remaining() or self.config.default_budget
+        called = time.perf_counter()
         slot, params = self._admit(request, budget)
         seq: Sequence | None = None
         cause: FailureCause | None = None
@@ -190,7 +191,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                     )
                     with anyio.fail_after(max(0.0, deadline - time.monotonic())), \
                             span("generate") as generate_span:
-                        await self._stream(seq, context)
+                        await self._stream(seq, context, called)
                         generate_span.set_attribute("pdmesh.completion_tokens", seq.generated)
             if slot.scope.cancelled_caught or slot.room.state is RoomState.FAILED:
                 cause = slot.abort_reason or slot.room.failure_cause or FailureCause.INTERNAL
@@ -221,12 +222,19 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 {"pdmesh.kv.pages": len(slot.pages)},
             )
 
-    async def _stream(self, seq: Sequence, context) -> None:
+    async def _stream(self, seq: Sequence, context, called: float) -> None:
+        last = None
         async with seq.receive:
             async for emitted in seq.receive:
                 if emitted.token_ids or emitted.text:
                     chunk = dpb.TokenChunk(token_ids=emitted.token_ids, text=emitted.text)
                     await context.write(dpb.DecodeEvent(tokens=chunk))
+                    now = time.perf_counter()
+                    if last is None:
+                        self.metrics.ttft.observe(now - called)
+                    else:
+                        self.metrics.itl.observe(now - last)
+                    last = now
                 if emitted.finish_reason == "error":
                     raise RpcError(grpc.StatusCode.INTERNAL, "decode step failed")
                 if emitted.finish_reason is not None:

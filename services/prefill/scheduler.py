@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import anyio
@@ -32,6 +33,7 @@ FINISH_SECONDS = 60.0  # bound on waiting for a started chunk after cancellation
 @dataclass(eq=False)
 class Chunk:
     seq: PrefillSeq
+    started: anyio.Event = field(default_factory=anyio.Event)  # a forward pass took it
     done: anyio.Event = field(default_factory=anyio.Event)
     logits: torch.Tensor | None = None
     error: BaseException | None = None
@@ -52,12 +54,22 @@ class PrefillScheduler:
         self.stopped_early = 0
         self.last_progress = time.monotonic()
 
-    async def prefill(self, tokens: list[int], pages: list[int], start: int) -> torch.Tensor:
-        """The logits of the chunk's last token, once its KV is in `pages`."""
+    async def prefill(
+        self, tokens: list[int], pages: list[int], start: int,
+        on_start: Callable[[], Awaitable[None]] | None = None,
+    ) -> torch.Tensor:
+        """The logits of the chunk's last token, once its KV is in `pages`.
+
+        `on_start` is awaited once a forward pass has taken the chunk, while it computes:
+        until then the request is queued, which its trace should say.
+        """
         chunk = Chunk(PrefillSeq(tokens, pages, start))
         self.pending.append(chunk)
         self._wake.set()
         try:
+            if on_start is not None:
+                await chunk.started.wait()
+                await on_start()
             await chunk.done.wait()
         except BaseException:
             if chunk in self.pending:  # never started: just withdraw it
@@ -79,6 +91,8 @@ class PrefillScheduler:
                 await self._wake.wait()
                 self.last_progress = time.monotonic()
             batch = self.running = self._take()
+            for chunk in batch:
+                chunk.started.set()
             try:
                 logits = await anyio.to_thread.run_sync(
                     self._forward,

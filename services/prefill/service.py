@@ -189,12 +189,19 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         logits = None
         started = time.perf_counter()
         faults = member.faults
-        job.stage = "prefill"
+
+        async def computing() -> None:
+            """The first chunk left the queue: tell the router, whose trace names the
+            stage, that the request is now in its prefill."""
+            job.stage = "prefill"
+            await context.write(ppb.PrefillEvent(progress=ppb.PrefillProgress(tokens_done=0)))
+
         for start in range(0, n, self.config.chunk_tokens):
             chunk = tokens[start : start + self.config.chunk_tokens]
             with span("prefill chunk", attributes={"pdmesh.chunk.start": start,
                                                    "pdmesh.chunk.tokens": len(chunk)}):
-                logits = await self.scheduler.prefill(chunk, job.pages, start)
+                logits = await self.scheduler.prefill(
+                    chunk, job.pages, start, on_start=computing if start == 0 else None)
             self.counters.prompt_tokens_computed_total += len(chunk)
             done = start + len(chunk)
             if done < n and faults.pause_between_chunks:  # W4's window: a write not yet posted

@@ -99,7 +99,7 @@ class MeshBackend:
                 yield TokenEvent(event.text, event.token_ids[-1] if event.token_ids else -1)
 
     async def run(self, prompt: list[int], sampling: cpb.SamplingParams,
-                  operation: str = "text_completion"):
+                  operation: str = "text_completion", budget: float | None = None):
         """The mesh request with metrics and its root span (GenAI semantic conventions);
         shared by the HTTP and gRPC front ends."""
         attributes = {
@@ -114,7 +114,7 @@ class MeshBackend:
                   attributes=attributes) as root:
             progress = Progress()
             try:
-                async with aclosing(self._run(prompt, sampling, progress)) as events:
+                async with aclosing(self._run(prompt, sampling, progress, budget)) as events:
                     async for event in events:
                         if isinstance(event, Finished):
                             root.set_attribute("gen_ai.usage.output_tokens",
@@ -128,14 +128,17 @@ class MeshBackend:
             finally:
                 root.set_attribute("pdmesh.request.id", progress.room)
 
-    async def _run(self, prompt: list[int], sampling: cpb.SamplingParams, progress: Progress):
+    async def _run(self, prompt: list[int], sampling: cpb.SamplingParams, progress: Progress,
+                   budget: float | None):
         started = last = time.perf_counter()
         first = True
         self.inflight += 1
         self.metrics.inflight.inc()
         outcome = "client_disconnect"
         try:
-            async with aclosing(self.mesh.generate(prompt, sampling, progress=progress)) as events:
+            async with aclosing(
+                self.mesh.generate(prompt, sampling, budget=budget, progress=progress)
+            ) as events:
                 async for event in events:
                     now = time.perf_counter()
                     if first:
@@ -148,6 +151,9 @@ class MeshBackend:
             outcome = "ok"
         except MeshError as e:
             outcome = "error"
+            if first and e.code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise RequestError(504, f"the request's deadline passed: {e}",
+                                   type="timeout") from e
             if first and e.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
                 raise RequestError(429, f"the mesh is full: {e}", type="rate_limit_exceeded") from e
             if first:
@@ -158,4 +164,4 @@ class MeshBackend:
             self.metrics.inflight.dec()
             self.metrics.outcome(outcome)
             if outcome != "ok":
-                self.metrics.abort(outcome)
+                self.metrics.abort(progress.abort_reason or "client_disconnect")

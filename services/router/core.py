@@ -128,7 +128,7 @@ class MeshClient:
         failed attempt's legs were aborted and acknowledged: `_attempt` awaits its
         Aborts before it raises.
         """
-        budget = budget or self.default_budget
+        budget = min(budget, self.default_budget) if budget else self.default_budget
         deadline = time.monotonic() + budget
         progress = progress or Progress()
         avoid: frozenset[str] = frozenset()
@@ -252,7 +252,6 @@ class _Legs:
         first = await self.decode_call.read()
         if first is grpc.aio.EOF or not first.HasField("transfer"):
             raise MeshError("decode did not answer with a TransferInfo", grpc.StatusCode.INTERNAL)
-        progress.stage = "prefill"
         result = None
         with span("prefill call", kind=SpanKind.CLIENT,
                   attributes={"pdmesh.member": pair.prefill.member.name,
@@ -267,6 +266,10 @@ class _Legs:
             async for event in self.prefill_call:
                 if event.HasField("result"):
                     result = event.result
+                elif event.progress.tokens_done < len(prompt):
+                    progress.stage = "prefill"  # out of the prefill's queue, computing
+                else:
+                    progress.stage = "transfer"
         if result is None or result.status != cpb.TRANSFER_OK:
             why = result.error if result is not None else "no TransferResult"
             raise MeshError(f"prefill failed: {why}")

@@ -24,7 +24,12 @@ _HTTP_TO_GRPC = {
     404: grpc.StatusCode.NOT_FOUND,
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
+
+# The mesh's legs end this long before the caller's own gRPC deadline, so the request
+# fails as `deadline` with a typed status instead of racing the caller's cancellation.
+DEADLINE_MARGIN = 0.1
 
 
 def to_completion_request(request: gpb.GenerateRequest) -> CompletionRequest:
@@ -81,7 +86,11 @@ class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
                     )
                 )
             )
-            async with aclosing(self.backend.run(prompt, sampling, operation_of(req))) as events:
+            remaining = context.time_remaining()
+            budget = None if remaining is None else max(0.01, remaining - DEADLINE_MARGIN)
+            async with aclosing(
+                self.backend.run(prompt, sampling, operation_of(req), budget)
+            ) as events:
                 async for event in events:
                     if isinstance(event, Finished):
                         done = gpb.GenerateFinished(

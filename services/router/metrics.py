@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from libs.tracing.metrics import SpanLossCollector
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -13,6 +15,7 @@ class RouterMetrics:
         labels = {"service": "router", "role": "router", "name": name}
         self._labels = labels
         names = list(labels)
+        self.registry.register(SpanLossCollector(labels))
         self.inflight = Gauge(
             "pdmesh_inflight_requests", "Requests not yet finished", names, registry=self.registry
         ).labels(**labels)

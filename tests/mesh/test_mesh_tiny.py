@@ -388,11 +388,27 @@ def test_every_member_serves_its_prometheus_metrics(tiny_mesh):
         assert f'pdmesh_rooms{{{labels},state="success"}}' in text
         assert f'pdmesh_kv_pages_total{{{labels}}} {float(m["kv_pages_total"])}' in text
         if m["role"] == "prefill":
-            count = next(line for line in text.splitlines()
-                         if line.startswith("pdmesh_kv_transfer_seconds_count"))
-            assert float(count.split()[-1]) >= 1
+            assert _sample(text, "pdmesh_kv_transfer_seconds_count") >= 1
             assert "pdmesh_kv_transfer_bytes_bucket" in text
+        else:  # 4 tokens: a first one, then three gaps
+            assert _sample(text, "pdmesh_time_to_first_token_seconds_count") >= 1
+            assert _sample(text, "pdmesh_inter_token_latency_seconds_count") >= 3
+        assert f'pdmesh_trace_spans_dropped_total{{cause="queue_full",{labels}}} 0.0' in text
         keys = {pair.split("=")[0] for line in text.splitlines()
                 if "{" in line and not line.startswith("#")
                 for pair in line[line.index("{") + 1 : line.index("}")].split(",")}
-        assert keys <= {"name", "role", "service", "state", "reason", "le"}, keys
+        assert keys <= {"name", "role", "service", "state", "reason", "cause", "le"}, keys
+    # the bootstrap serves its own: members by role and membership changes
+    text = httpx.get(status["bootstrap"]["metrics"], timeout=10).text
+    boot = 'name="bootstrap",role="bootstrap",service="bootstrap"'
+    assert f'pdmesh_members{{member_role="prefill",{boot}}} 1.0' in text, text[:2000]
+    assert f'pdmesh_members{{member_role="decode",{boot}}} 1.0' in text
+    assert _sample(text, "pdmesh_membership_events_total", 'kind="joined"') >= 3
+    assert "pdmesh_trace_spans_dropped_total" in text
+
+
+def _sample(text: str, metric: str, having: str = "") -> float:
+    """The value of the first sample of `metric` whose labels contain `having`."""
+    line = next(line for line in text.splitlines()
+                if line.startswith(metric) and having in line)
+    return float(line.split()[-1])

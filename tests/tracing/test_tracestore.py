@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
 
+import grpc
+import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -82,3 +86,61 @@ def test_a_missing_or_corrupt_store_is_one_clear_line(tmp_path):
     assert "Traceback" not in broken.stderr
     bad_since = traces_cli("--db", str(corrupt), "--since", "soon")
     assert bad_since.returncode == 1 and "Traceback" not in bad_since.stderr
+
+
+def _rows(first: int, n: int, pad: int = 2000) -> list[tuple]:
+    return [(f"{i:032x}", f"{i:016x}", "", "pdmesh-router", f"r{i}", i, i + 1, 0, "",
+             json.dumps({"pad": "x" * pad}), "[]") for i in range(first, first + n)]
+
+
+def test_a_full_disk_drops_the_oldest_spans_and_pdmesh_traces_says_so(tmp_path):
+    """SQLite's max_page_count stands in for the disk: it fails inserts with the same
+    SQLITE_FULL a full disk gives."""
+    path = tmp_path / "full.sqlite"
+    store = tracestore.TraceStore(path, max_spans=100_000)
+    store.add(_rows(0, 10))
+    (pages,) = store._db.execute("PRAGMA page_count").fetchone()
+    store._db.execute(f"PRAGMA max_page_count = {pages + 40}")
+    for batch in range(1, 30):  # far more than 40 pages hold
+        store.add(_rows(batch * 10, 10))
+    assert store.dropped_full > 0
+    names = [r[0] for r in store._db.execute("SELECT name FROM spans ORDER BY rowid")]
+    assert names[-10:] == [f"r{i}" for i in range(290, 300)]  # the newest all kept
+    assert "r0" not in names
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        store.add(_rows(1000, 1, pad=2_000_000))  # bigger than the whole file may grow
+    store.close()
+
+    listed = traces_cli("--db", str(path), "--limit", "3")
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr
+    assert f"the {store.dropped_full} oldest spans were dropped to make room" in listed.stderr
+    assert listed.stdout.splitlines()[0].split()[-2] == "r299"  # the list still answers
+
+
+def test_the_receiver_refuses_an_export_it_cannot_store(tmp_path):
+    class Context:
+        def abort(self, code, details):
+            self.code, self.details = code, details
+            raise RuntimeError("aborted")
+
+    class FullStore:
+        def add(self, rows):
+            raise sqlite3.OperationalError("database or disk is full")
+
+    context = Context()
+    with pytest.raises(RuntimeError):
+        tracestore._Receiver(FullStore()).Export(ExportTraceServiceRequest(), context)
+    assert context.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "full" in context.details
+
+
+def test_a_store_damaged_past_its_first_page_is_one_clear_line(tmp_path):
+    path = tmp_path / "damaged.sqlite"
+    store = tracestore.TraceStore(path)
+    store.add(_rows(0, 200))
+    store.close()
+    data = bytearray(path.read_bytes())
+    data[8192:] = b"\xff" * (len(data) - 8192)
+    path.write_bytes(bytes(data))
+    damaged = traces_cli("--db", str(path))
+    assert damaged.returncode == 1 and "Traceback" not in damaged.stderr, damaged.stderr
+    assert str(path) in damaged.stderr

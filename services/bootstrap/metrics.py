@@ -1,0 +1,57 @@
+"""The bootstrap's Prometheus metrics: who is registered, how membership changes, and
+the spans this process could not deliver. Read from the registry at scrape time."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
+
+from libs.member.metrics import PROMETHEUS_MEDIA_TYPE
+from libs.tracing.metrics import SpanLossCollector
+from pdmesh.v1 import common_pb2 as cpb
+from services.bootstrap.registry import Registry
+
+MEMBER_ROLES = (cpb.PREFILL, cpb.DECODE, cpb.ROUTER)
+
+
+class BootstrapMetrics:
+    def __init__(self, registry: Registry):
+        labels = {"service": "bootstrap", "role": "bootstrap", "name": "bootstrap"}
+        self.prometheus = CollectorRegistry()
+        self.prometheus.register(_RegistryCollector(labels, registry))
+        self.prometheus.register(SpanLossCollector(labels))
+
+    def app(self) -> Starlette:
+        async def metrics(request) -> Response:
+            return Response(generate_latest(self.prometheus), media_type=PROMETHEUS_MEDIA_TYPE)
+
+        return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+
+
+class _RegistryCollector:
+    def __init__(self, labels: dict[str, str], registry: Registry):
+        self.labels = labels
+        self.registry = registry
+
+    def collect(self):
+        names, values = list(self.labels), list(self.labels.values())
+        members = GaugeMetricFamily("pdmesh_members", "Registered members by role",
+                                    labels=[*names, "member_role"])
+        live = self.registry.members()
+        for role in MEMBER_ROLES:
+            count = sum(1 for m in live if m.role == role)
+            members.add_metric([*values, cpb.Role.Name(role).lower()], count)
+        yield members
+        events = CounterMetricFamily("pdmesh_membership_events",
+                                     "Members that joined or left, by reason",
+                                     labels=[*names, "kind", "reason"])
+        for (kind, reason), count in sorted(self.registry.events_total.items()):
+            events.add_metric([*values, kind, reason], count)
+        yield events
+        watchers = GaugeMetricFamily("pdmesh_membership_watchers", "Open Watch streams",
+                                     labels=names)
+        watchers.add_metric(values, self.registry.watchers())
+        yield watchers
