@@ -1,15 +1,19 @@
 """Torch reference for NVFP4: bit-exact with ModelOpt's checkpoint export.
 
-Matched against NVIDIA TensorRT-Model-Optimizer (commit 5a4242f, Dec 2025),
-`modelopt/torch/quantization/qtensor/nvfp4_tensor.py` (class NVFP4QTensor) and the
-`reduce_amax` / `reduce_block_amax` helpers in `modelopt/torch/quantization/utils.py`:
+Matched against NVIDIA Model Optimizer 0.47.0 (PyPI `nvidia-modelopt`),
+`modelopt/torch/quantization/qtensor/nvfp4_tensor.py` (class NVFP4QTensor and
+`_cast_per_block_scale_to_fp8`), with `reduce_amax` / `reduce_block_amax` from
+`modelopt/torch/quantization/utils.py` and E2M1_MAX = 6, E4M3_MAX = 448 from
+`modelopt/torch/utils/numeric_utils.py`; bench/nvfp4_crosscheck.py compares the bytes.
 
 - get_weights_scaling_factor_2: `s2 = amax(|x|).float() / (6.0 * 448.0)`, one fp32 division
   by 2688.
 - get_weights_scaling_factor: `s_b = amax_b.float() / (6.0 * s2)`: the fp32 product 6*s2
   is rounded first, then one IEEE division (not `amax_b / 6 / s2`, which torchao uses).
-  Scales that are exactly 0 become 1.0, then `.to(torch.float8_e4m3fn)` (round to nearest
-  even).
+  Scales that are exactly 0 become 1.0, then `_cast_per_block_scale_to_fp8` clamps to
+  [2^-9, 448] and casts to float8_e4m3fn (round to nearest even; the clamp matters because
+  torch's cast is not saturating: 464 and above would become NaN). The December 2025 source
+  (GitHub 5a4242f) cast without the clamp.
 - quantize: `y = x / (fp32(s_b) * s2)`: ModelOpt DIVIDES by the rounded fp32 product; it
   does not multiply by a reciprocal. x is promoted to fp32 first (exact for bf16/fp16).
 - _cast_fp4: round to nearest even on the E2M1 grid (searchsorted on the midpoints, ties at
@@ -17,16 +21,13 @@ Matched against NVIDIA TensorRT-Model-Optimizer (commit 5a4242f, Dec 2025),
 - pack: `byte = code[2i] | code[2i+1] << 4`.
 - dequantize: `e2m1(code) * (fp32(s_b) * s2)` in fp32, then cast to the output dtype.
 
-Where this deliberately differs from ModelOpt (only where ModelOpt's output is unusable):
-- amax == 0 (all-zero tensor): ModelOpt gets s2 = 0 and NaN block scales; we use s2 = 1.0
-  (also if amax / 2688 underflows to 0 in fp32), so every block stores 1.0 (byte 0x38).
-- ModelOpt does not clamp s_b before the e4m3 cast. torch's cast is not saturating (464 and
-  above becomes NaN) and anything at or below 2^-10 becomes a zero scale, so we clamp to
-  [2^-9, 448] first, as the CUDA casts do. With s2 computed here s_b never exceeds 448, so
-  the two agree byte for byte on every input where ModelOpt's scale is finite and non-zero.
-- -0.0: the input -0.0 encodes as 0x0 (ModelOpt's `y < 0` is false for it); a negative
-  value that rounds to zero encodes as 0x8, as in ModelOpt. 0x8 decodes to -0.0 here, where
-  ModelOpt's table decodes it to +0.0; the two compare equal.
+Where this deliberately differs from ModelOpt:
+- amax == 0 (all-zero tensor): ModelOpt gets s2 = 0 and then 0/0 = NaN block scales; we use
+  s2 = 1.0 (also if amax / 2688 underflows to 0 in fp32), so every block stores 1.0 (0x38).
+- 0x8 decodes to -0.0 here (the format's negative zero); ModelOpt's table decodes it to
+  +0.0. The two compare equal.
+Same as ModelOpt, and worth knowing: the input -0.0 encodes as 0x0 (`y < 0` is false for
+it), while a negative value that rounds to zero encodes as 0x8.
 """
 
 import torch
