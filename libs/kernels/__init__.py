@@ -1,0 +1,19 @@
+"""Custom kernels for pdmesh, each with a torch reference that the fast paths must match."""
+
+from .nvfp4 import (
+    dequantize_nvfp4,
+    nvfp4_linear,
+    quantize_nvfp4,
+    swizzle_scales,
+    triton_available,
+    unswizzle_scales,
+)
+
+__all__ = [
+    "dequantize_nvfp4",
+    "nvfp4_linear",
+    "quantize_nvfp4",
+    "swizzle_scales",
+    "triton_available",
+    "unswizzle_scales",
+]
