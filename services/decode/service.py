@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import anyio
 import grpc
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from libs.engine.sampling import SamplingParams
 from libs.kvpoll import FailureCause, Room, RoomKey, RoomState, RoomTable
@@ -179,8 +179,12 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 # The room's deadline is enforced by the notification poller, which
                 # drains KvReady first: a KV that landed in time is never failed late.
                 with span("kv wait", attributes={"pdmesh.kv.pages": len(info.dst_pages),
-                                                 "pdmesh.peer": slot.writer.name}):
+                                                 "pdmesh.peer": slot.writer.name}) as wait_span:
                     state = await slot.room.wait_terminal()
+                    if state is not RoomState.SUCCESS:  # failed by an Abort or its deadline
+                        why = slot.abort_reason or slot.room.failure_cause
+                        wait_span.set_status(Status(StatusCode.ERROR, f"room {state.name}: "
+                                                    f"{why.value if why else 'unknown'}"))
                 if state is RoomState.SUCCESS:
                     slot.stage = "decode"
                     ready = slot.ready

@@ -51,6 +51,7 @@ async def test_a_client_that_leaves_while_queued_ends_its_spans_as_queued(stalle
     for s in (root, by_service(spans, "pdmesh-decode", "decode"),
               by_service(spans, "pdmesh-prefill", "prefill")):
         assert aborted(s, "client_disconnect", "queued"), s
+    assert by_service(spans, "pdmesh-decode", "kv wait")["status"] == ERROR  # no KV came
     # it never reached the model: no chunk of it was computed
     assert not [s for s in spans if s["name"] == "prefill chunk" and s["status"] != ERROR]
     await anyio.to_thread.run_sync(wait_quiet, mesh, 5.0)
