@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 
 import grpc
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from libs.engine.config import ModelConfig
 from libs.engine.tokenizer import Tokenizer
@@ -113,17 +113,24 @@ class MeshBackend:
         with span(f"{operation} {self.model_id}", kind=SpanKind.SERVER,
                   attributes=attributes) as root:
             progress = Progress()
+            finished = False
             try:
                 async with aclosing(self._run(prompt, sampling, progress, budget)) as events:
                     async for event in events:
                         if isinstance(event, Finished):
+                            finished = True
+                            root.set_status(Status(StatusCode.OK))  # whatever ends us next
                             root.set_attribute("gen_ai.usage.output_tokens",
                                                event.completion_tokens)
                             root.set_attribute("gen_ai.response.finish_reasons",
                                                [event.finish_reason])
                         yield event
             except BaseException:
-                mark_aborted(root, progress.abort_reason or "client_disconnect", progress.stage)
+                # A client that hangs up right after the last token ends our handler by
+                # cancellation too; the request itself was served.
+                if not finished:
+                    mark_aborted(root, progress.abort_reason or "client_disconnect",
+                                 progress.stage)
                 raise
             finally:
                 root.set_attribute("pdmesh.request.id", progress.room)
@@ -147,6 +154,8 @@ class MeshBackend:
                     else:
                         self.metrics.itl.observe(now - last)
                     last = now
+                    if isinstance(event, Finished):
+                        outcome = "ok"
                     yield event
             outcome = "ok"
         except MeshError as e:

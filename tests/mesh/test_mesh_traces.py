@@ -55,6 +55,20 @@ async def test_a_request_is_one_trace_across_router_prefill_and_decode(traced):
     assert all(s["status"] != 2 for s in spans), [s for s in spans if s["status"] == 2]
 
 
+async def test_a_client_that_hangs_up_right_after_the_last_token_was_served_not_aborted(
+        traced):
+    """Closing the channel as soon as the finish arrives cancels the router's handler
+    too; the request was served all the same and its trace must say so."""
+    mesh, receiver = traced
+    before = len(roots_since(receiver, 0, 0))
+    async with anyio.create_task_group() as tg:
+        for _ in range(6):
+            tg.start_soon(run, mesh, "river engine " * 10, 3)
+    roots = roots_since(receiver, 0, before + 6)[before:]
+    assert [r for r in roots if r["status"] == ERROR] == []
+    assert all(r["attributes"]["gen_ai.response.finish_reasons"] == ["length"] for r in roots)
+
+
 @pytest.mark.parametrize(("stage", "prompt_words", "kwargs"), [
     ("prefill", 700, {"cancel_after": 0.3}),  # inside the pause after chunk 1
     ("transfer", 20, {"cancel_after": 0.4}),  # one chunk computed, its write held back
