@@ -161,7 +161,9 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         self.counters.requests_total += 1
         budget = context.time_remaining() or self.config.default_budget
         called = time.perf_counter()
-        slot, params = self._admit(request, budget)
+        with span("admission") as admission:  # KV pages for the whole request, or refused
+            slot, params = self._admit(request, budget)
+            admission.set_attribute("pdmesh.kv.pages", len(slot.pages))
         seq: Sequence | None = None
         cause: FailureCause | None = None
         deadline = time.monotonic() + budget

@@ -52,6 +52,8 @@ async def test_a_request_is_one_trace_across_router_prefill_and_decode(traced):
     assert transfer["attributes"]["pdmesh.kv.bytes"] > 0
     assert transfer["attributes"]["pdmesh.kv.status"] == "ok"
     assert by_service(spans, "pdmesh-decode", "generate")["parent"] == decode["id"]
+    admission = by_service(spans, "pdmesh-decode", "admission")
+    assert admission["parent"] == decode["id"] and admission["attributes"]["pdmesh.kv.pages"] > 0
     assert all(s["status"] != 2 for s in spans), [s for s in spans if s["status"] == 2]
 
 
