@@ -288,7 +288,7 @@ def export_nvfp4(config: ModelConfig, weights: Weights, out: Path | str) -> Path
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    w = quantize_layer_linears(weights.to("cpu"))
+    w = quantize_layer_linears(weights if weights.device.type == "cpu" else weights.to("cpu"))
     c = config
     split = {"wqkv": [c.q_dim, c.kv_dim, c.kv_dim], "w_gate_up": [c.ffn_dim, c.ffn_dim]}
     sd: dict[str, torch.Tensor] = {}
