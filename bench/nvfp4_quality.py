@@ -20,8 +20,9 @@ functions in VARIANTS; `teacher_forced` does the scoring for an engine and takes
     VARIANTS["kv-nvfp4"] = lambda args, base: ("...", partial(teacher_forced, base, hook))
 
 Built in: `weights-nvfp4` (`--weights nvfp4`: the same fp32 weights, layer linears quantized
-to NVFP4, dense copies in --dtype) and `native-float32` (context: the baseline's weights
-computing in fp32, i.e. how far bf16 itself is from fp32).
+to NVFP4, dense copies in --dtype), and two for context: `native-float32` (the baseline's
+weights computing in fp32, i.e. how far bf16 itself is from fp32) and `int4-g16` (the same
+linears through a plain 4-bit format, to tell NVFP4's cost from 4 bits' cost on this model).
 """
 
 from __future__ import annotations
@@ -159,9 +160,32 @@ def native_float32(args: argparse.Namespace, base: Engine) -> tuple[str, Variant
             partial(teacher_forced, engine))
 
 
+def int4_g16(args: argparse.Namespace, base: Engine) -> tuple[str, Variant]:
+    """Context for the NVFP4 figures: the same linears through another 4-bit format, symmetric
+    INT4 (-7..7) with one fp32 absmax scale per 16 weights (fake-quantized, dense)."""
+    from dataclasses import replace
+
+    from libs.engine.nvfp4 import LINEARS
+
+    def fake_int4(w: torch.Tensor) -> torch.Tensor:
+        blocks = w.unflatten(-1, (-1, 16))
+        scale = blocks.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 7
+        return ((blocks / scale).round().clamp(-7, 7) * scale).flatten(-2)
+
+    loaded = load_model(args.model, dtype=torch.float32)
+    w = loaded.weights
+    layers = [replace(lw, **{f: fake_int4(getattr(lw, f)) for f in LINEARS}) for lw in w.layers]
+    dense = replace(w, layers=layers).to("cpu", getattr(torch, args.dtype))
+    loaded = replace(loaded, weights=dense)
+    engine = make_engine(loaded, args.tokens)
+    return (f"context: the same linears in symmetric INT4 with an fp32 scale per 16 weights, "
+            f"{args.dtype} compute", partial(teacher_forced, engine))
+
+
 VARIANTS: dict[str, Callable[[argparse.Namespace, Engine], tuple[str, Variant]]] = {
     "weights-nvfp4": weights_nvfp4,
     "native-float32": native_float32,
+    "int4-g16": int4_g16,
 }
 
 
