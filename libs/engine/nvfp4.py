@@ -24,12 +24,16 @@ stays for export, fingerprints and moving to another device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from libs.kernels import dequantize_nvfp4, nvfp4_linear, quantize_nvfp4
+
+if TYPE_CHECKING:  # model.py imports this module
+    from .model import Weights
 
 WEIGHT_FORMATS = ("native", "nvfp4")
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")  # LayerWeights fields that NVFP4 replaces
@@ -65,10 +69,8 @@ class Nvfp4Weight:
 
     def to(self, device: torch.device | str, dtype: torch.dtype) -> Nvfp4Weight:
         """The same bits on `device`; on CPU with the dense copy in `dtype` (see module doc)."""
-        packed, scales, s2 = (t.to(device).contiguous() for t in (self.packed, self.scales,
-                                                                   self.s2))
-        out = Nvfp4Weight(packed, scales, s2)
-        if packed.device.type == "cpu":
+        out = Nvfp4Weight(*(t.to(device).contiguous() for t in (self.packed, self.scales, self.s2)))
+        if out.device.type == "cpu":
             out.dense = out.dequantize(dtype)
         return out
 
@@ -103,14 +105,13 @@ def linear(x: torch.Tensor, w: Linear) -> torch.Tensor:
     return w.linear(x)
 
 
-def quantize_layer_linears(weights):
+def quantize_layer_linears(weights: Weights) -> Weights:
     """Weights with every layer's linears in NVFP4 (quantized from their current values);
     embed, norms and lm_head are the same tensors. Already-NVFP4 linears are kept as they are.
 
     Quantize from the highest-precision copy available (the loader passes fp32, before any
     cast to --dtype), so the NVFP4 bits do not depend on the serving dtype.
     """
-    from dataclasses import replace
 
     def q(w: Linear) -> Linear:
         return w if isinstance(w, Nvfp4Weight) else Nvfp4Weight.quantize(w)
@@ -119,6 +120,6 @@ def quantize_layer_linears(weights):
     return replace(weights, layers=layers)
 
 
-def is_nvfp4(weights) -> bool:
+def is_nvfp4(weights: Weights) -> bool:
     """True when any layer linear is NVFP4 (a ModelOpt checkpoint may exclude some)."""
     return any(isinstance(getattr(lw, f), Nvfp4Weight) for lw in weights.layers for f in LINEARS)
