@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", default="float32", choices=["float32", "bfloat16"],
         help="model and KV dtype (default float32)",
     )
+    up.add_argument(
+        "--weights", default="native", choices=["native", "nvfp4"],
+        help="linear weights of every prefill and decode: native (default) as the checkpoint "
+        "stores them; nvfp4 quantizes q/k/v/o/gate/up/down to NVFP4 at load, weight-only "
+        "(see pdmesh prefill --help)",
+    )
     up.add_argument("--prefill", type=int, default=1, help="prefill processes (default 1)")
     up.add_argument("--prefill-kv-pages", type=int, default=None,
                     help="KV pool pages per prefill (its own default when absent)")
@@ -164,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         from pdmesh.supervisor import Plan, supervise
 
         plan = Plan(
-            model=args.model, device=args.device, dtype=args.dtype,
+            model=args.model, device=args.device, dtype=args.dtype, weights=args.weights,
             prefill=args.prefill, decode=args.decode,
             host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             bootstrap_port=args.bootstrap_port,

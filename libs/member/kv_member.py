@@ -46,9 +46,11 @@ class Peer:
 
 
 def model_fingerprint(loaded: LoadedModel) -> str:
-    """Name plus a hash of a slice of the weights: same name, other weights is a mismatch."""
+    """Name plus a hash of a slice of the weights: same name, other weights is a mismatch.
+    NVFP4 linears are other weights too (the embedding is not quantized, so say it)."""
     sample = loaded.weights.embed.flatten()[:65536].float().cpu().numpy().tobytes()
-    return f"{loaded.name}@{hashlib.sha256(sample).hexdigest()[:12]}"
+    fmt = "" if loaded.weights_format == "native" else f"+{loaded.weights_format}"
+    return f"{loaded.name}{fmt}@{hashlib.sha256(sample).hexdigest()[:12]}"
 
 
 def layout_mismatch(ours: cpb.KvLayout, theirs: cpb.KvLayout) -> str | None:
@@ -84,9 +86,11 @@ class KvMember:
     @classmethod
     def create(
         cls, role: int, name: str, model: str, device: str, num_pages: int, page_size: int,
-        dtype: str = "float32",
+        dtype: str = "float32", weights: str = "native",
     ) -> KvMember:
-        loaded = load_model(model, device=device, dtype=getattr(torch, dtype))
+        loaded = load_model(
+            model, device=device, dtype=getattr(torch, dtype), weights_format=weights
+        )
         pool = KvPool(
             loaded.config, num_pages, page_size, device=device, dtype=loaded.weights.dtype
         )

@@ -37,6 +37,14 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str, pages: int)
         "reference; bfloat16 uses AMX/tensor cores, ~1.5x faster batched decode on CPU)",
     )
     parser.add_argument(
+        "--weights", default="native", choices=["native", "nvfp4"],
+        help="native (default): linear weights as the checkpoint stores them, in --dtype; "
+        "nvfp4: quantize every layer's q/k/v/o/gate/up/down weights to NVFP4 at load "
+        "(weight-only: embeddings, norms, lm_head and activations stay in --dtype; on CPU "
+        "a dequantized copy is kept, same numerics, no speed or memory gain). A ModelOpt "
+        "NVFP4 checkpoint directory is served as NVFP4 either way",
+    )
+    parser.add_argument(
         "--kv-pages", type=int, default=pages, help=f"KV pool size in pages (default {pages})"
     )
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
@@ -77,7 +85,7 @@ async def serve_member(
     log.info("loading model %s on %s", args.model, args.device)
     member = await anyio.to_thread.run_sync(
         KvMember.create, role, name, args.model, args.device, args.kv_pages, args.page_size,
-        args.dtype,
+        args.dtype, args.weights,
     )
     member.pinned_after = args.pinned_after
     member.stall_after = args.stall_after
