@@ -174,7 +174,7 @@ def _linear_kernel(
     dtype = x_ptr.dtype.element_ty
 
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for i in range(k_iters):
+    for i in tl.range(k_iters):
         if EVEN_K:
             wb = tl.load(w_ptrs, mask=n_ok, other=0)
             sc = tl.load(s_ptrs, mask=n_ok, other=0)
