@@ -255,21 +255,24 @@ def _sm_count(device: torch.device) -> int:
 
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
-    """Tile sizes and split-K for an [m, k] x [n, k]^T product (a heuristic, tuned by
-    bench/nvfp4_kernels_bench.py on an H200).
+    """Tile sizes and split-K for an [m, k] x [n, k]^T product (a heuristic, checked by
+    bench/nvfp4_kernels_bench.py --tune on an H200).
 
-    Small M streams weights: 64-row tiles with K split until there are about two programs
-    per SM. Large M is tensor-core work: 128x128 tiles, no split."""
+    Each program decodes its weight tile in registers and must wait for its tensor-core
+    work before reusing them, so throughput comes from several programs per SM overlapping
+    each other: K is split until there are about six programs per SM (keeping at least two
+    K steps per program). Small M streams weights with 64-row tiles and a 16-wide token
+    side; larger M uses 128 tokens per tile (x is re-read once per 64 weight rows)."""
     if m <= 16:
-        block_m, block_n, block_k, warps, stages = 16, 64, 128, 4, 4
+        block_m, block_n, block_k, warps, stages = 16, 64, 128, 4, 3
     elif m <= 64:
         block_m, block_n, block_k, warps, stages = 64, 64, 128, 4, 3
     else:
-        block_m, block_n, block_k, warps, stages = 128, 128, 64, 8, 3
+        block_m, block_n, block_k, warps, stages = 128, 64, 64, 4, 3
     tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
     k_steps = triton.cdiv(k, block_k)
     split_k = 1
-    while tiles * split_k * 2 <= 2 * sms and k_steps // (split_k * 2) >= 4:
+    while tiles * split_k * 2 <= 6 * sms and k_steps // (split_k * 2) >= 2:
         split_k *= 2
     return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
                 num_warps=warps, num_stages=stages)
