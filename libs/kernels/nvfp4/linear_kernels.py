@@ -43,48 +43,46 @@ from .format import BLOCK
 # epilogue puts back). See the module docstring.
 _DECODE = {torch.bfloat16: (117, 9), torch.float16: (7, 7)}
 
-# PTX for four bytes -> four registers, each the packed pair (low nibble, high nibble) of
-# one byte, decoded and multiplied by its block scale ($5..$8, each duplicated into both
-# 16-bit halves). For a byte b (bf16): b * (2^6 + 2^18) puts the low code's magnitude at
-# bits 6-8 and the high code's at 22-24; b * (2^12 + 2^24) puts the two sign bits at 15 and
-# 31. One multiply by the scale pair, then the signs are xor-ed in (exact: a sign flip).
+# PTX for four bytes b0..b3 -> the low-nibble weights of (b0, b1) and (b2, b3) as packed
+# 16-bit pairs ($0, $1), and the high-nibble weights likewise ($2, $3), each times its
+# block scale ($5 holds the scales of b0, b1; $6 of b2, b3). prmt spreads two bytes into
+# the two halves of a register, so one shift and mask places both codes of a pair.
+# bf16: a code's magnitude goes to bits 6-8 of its half, fp16: 9-11; the sign to bit 15.
+# One multiply by the scale pair, then the signs are xor-ed in (exact: a sign flip).
 _ASM = """
 {{
-.reg .b32 b, m, s;
-and.b32 b, $4, 0xFF;
-mul.lo.u32 m, b, {mul_mag};
-and.b32 m, m, {mag_mask};
-mul.lo.u32 s, b, 0x01001000;
-mul.rn.{ty}x2 m, m, $5;
-and.b32 s, s, 0x80008000;
-xor.b32 $0, m, s;
-prmt.b32 b, $4, 0, 0x4441;
-mul.lo.u32 m, b, {mul_mag};
-and.b32 m, m, {mag_mask};
-mul.lo.u32 s, b, 0x01001000;
-mul.rn.{ty}x2 m, m, $6;
-and.b32 s, s, 0x80008000;
-xor.b32 $1, m, s;
-prmt.b32 b, $4, 0, 0x4442;
-mul.lo.u32 m, b, {mul_mag};
-and.b32 m, m, {mag_mask};
-mul.lo.u32 s, b, 0x01001000;
-mul.rn.{ty}x2 m, m, $7;
-and.b32 s, s, 0x80008000;
-xor.b32 $2, m, s;
-shr.b32 b, $4, 24;
-mul.lo.u32 m, b, {mul_mag};
-and.b32 m, m, {mag_mask};
-mul.lo.u32 s, b, 0x01001000;
-mul.rn.{ty}x2 m, m, $8;
-and.b32 s, s, 0x80008000;
-xor.b32 $3, m, s;
+.reg .b32 z, p, q, t, u;
+mov.b32 z, 0;
+prmt.b32 p, $4, z, 0x4140;
+prmt.b32 q, $4, z, 0x4342;
+shl.b32 t, p, {lo};
+and.b32 t, t, {mask};
+mul.rn.{ty}x2 t, t, $5;
+shl.b32 u, p, 12;
+and.b32 u, u, 0x80008000;
+xor.b32 $0, t, u;
+shl.b32 t, q, {lo};
+and.b32 t, t, {mask};
+mul.rn.{ty}x2 t, t, $6;
+shl.b32 u, q, 12;
+and.b32 u, u, 0x80008000;
+xor.b32 $1, t, u;
+shl.b32 t, p, {hi};
+and.b32 t, t, {mask};
+mul.rn.{ty}x2 t, t, $5;
+shl.b32 u, p, 8;
+and.b32 u, u, 0x80008000;
+xor.b32 $2, t, u;
+shl.b32 t, q, {hi};
+and.b32 t, t, {mask};
+mul.rn.{ty}x2 t, t, $6;
+shl.b32 u, q, 8;
+and.b32 u, u, 0x80008000;
+xor.b32 $3, t, u;
 }}
 """
-# bf16: magnitude bits at 6-8 / 22-24; fp16: at 9-11 / 25-27. The sign bits go to 15 / 31
-# in both, with the same multiplier.
-_ASM_BF16 = tl.constexpr(_ASM.format(mul_mag="0x00040040", mag_mask="0x01C001C0", ty="bf16"))
-_ASM_F16 = tl.constexpr(_ASM.format(mul_mag="0x00200200", mag_mask="0x0E000E00", ty="f16"))
+_ASM_BF16 = tl.constexpr(_ASM.format(lo=6, hi=2, mask="0x01C001C0", ty="bf16"))
+_ASM_F16 = tl.constexpr(_ASM.format(lo=9, hi=5, mask="0x0E000E00", ty="f16"))
 
 
 @triton.jit
@@ -92,29 +90,25 @@ def _decode(packed, scale, DECODE_ASM: tl.constexpr):
     """uint8 bytes [BN, BKH] and their block scales (x.dtype, pre-multiplied) -> the
     weights of the low and the high nibbles, e2m1 * s_b * 2^-9 (bf16) or 2^-7 (fp16)."""
     dtype: tl.constexpr = scale.dtype
-    IS_BF16: tl.constexpr = dtype == tl.bfloat16
     if DECODE_ASM:
-        s16 = scale.to(tl.uint16, bitcast=True).to(tl.int32)
-        if IS_BF16:
-            pair = tl.inline_asm_elementwise(
-                _ASM_BF16, "=r,=r,=r,=r,r,r,r,r,r", [packed, s16 | (s16 << 16)],
-                dtype=tl.int32, is_pure=True, pack=4,
+        if dtype == tl.bfloat16:
+            lo, hi = tl.inline_asm_elementwise(
+                _ASM_BF16, "=r,=r,=r,=r,r,r,r", [packed, scale],
+                dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4,
             )
         else:
-            pair = tl.inline_asm_elementwise(
-                _ASM_F16, "=r,=r,=r,=r,r,r,r,r,r", [packed, s16 | (s16 << 16)],
-                dtype=tl.int32, is_pure=True, pack=4,
+            lo, hi = tl.inline_asm_elementwise(
+                _ASM_F16, "=r,=r,=r,=r,r,r,r", [packed, scale],
+                dtype=(tl.float16, tl.float16), is_pure=True, pack=4,
             )
-        lo = pair.to(tl.uint16).to(dtype, bitcast=True)
-        hi = (pair >> 16).to(tl.uint16).to(dtype, bitcast=True)
     else:
         # The same bits with plain integer ops, then the scale multiply in x.dtype.
         b = packed.to(tl.int32)
-        if IS_BF16:
-            mag = (b * 0x00040040) & 0x01C001C0
+        if dtype == tl.bfloat16:
+            mag = (b * 0x00040040) & 0x01C001C0  # low code at bits 6-8, high at 22-24
         else:
-            mag = (b * 0x00200200) & 0x0E000E00
-        pair = mag | ((b * 0x01001000) & -0x7FFF8000)  # -0x7FFF8000 is 0x80008000
+            mag = (b * 0x00200200) & 0x0E000E00  # 9-11 and 25-27
+        pair = mag | ((b * 0x01001000) & -0x7FFF8000)  # signs to 15 and 31 (0x80008000)
         lo = pair.to(tl.uint16).to(dtype, bitcast=True) * scale
         hi = (pair >> 16).to(tl.uint16).to(dtype, bitcast=True) * scale
     return lo, hi
@@ -188,15 +182,17 @@ def _linear_kernel(
         scale = tl.reshape(tl.broadcast_to(scale.to(dtype)[:, :, None], (BLOCK_N, BKS, 8)),
                            (BLOCK_N, BKH))  # one scale per byte
         lo, hi = _decode(wb, scale, DECODE_ASM)
-        # Reorder K inside the step (the same for W and x, so the dot product is
-        # unchanged): byte q*2C + 2c + p of a row holds K positions 2(q*2C + 2c + p) + e;
-        # give them the MMA's K index 16c + 8p + 2q + e. The MMA's register fragment then
-        # holds, per thread, 2C contiguous bytes of a row (q = lane % 4), so the weights
-        # are read with 16-byte loads and decoded where they are used, with no shuffles.
+        # Reorder K inside the step, the same way for W and x, so the dot product is
+        # unchanged: byte q*2C + 2c + e of a row holds the K positions 2(q*2C + 2c + e) + n
+        # (n = 0 low nibble, 1 high); give them the MMA's K index 16c + 8n + 2q + e. The
+        # MMA's register fragment then holds, per thread (q = lane % 4), 2C contiguous
+        # bytes of a row, read with one 16-byte load, and each of its 32-bit registers is
+        # one decoded pair (same nibble of bytes 2c, 2c + 1): exactly what the decode
+        # produces, so nothing is shuffled between the load and the tensor cores.
         w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 4, C, 2, 2))
-        w = tl.reshape(tl.permute(w, (0, 2, 3, 1, 4)), (BLOCK_N, BLOCK_K))
+        w = tl.reshape(tl.permute(w, (0, 2, 4, 1, 3)), (BLOCK_N, BLOCK_K))
         xt = tl.reshape(xt, (BLOCK_M, 4, C, 2, 2))
-        xt = tl.reshape(tl.permute(xt, (0, 2, 3, 1, 4)), (BLOCK_M, BLOCK_K))
+        xt = tl.reshape(tl.permute(xt, (0, 2, 4, 1, 3)), (BLOCK_M, BLOCK_K))
         acc = tl.dot(w, tl.trans(xt), acc)
         w_ptrs += BKH
         s_ptrs += BKS
@@ -226,7 +222,8 @@ def _linear_kernel(
             tl.atomic_xchg(cnt_ptr + tile, 0)  # ready for the next launch
 
 
-# Whether the decode uses the inline-PTX packed version (same values as the plain one).
+# Default decode when a config does not say: the inline-PTX packed version (same values as
+# the plain Triton one; tests check that bit for bit).
 DECODE_ASM = True
 
 _counters: dict[tuple, torch.Tensor] = {}
@@ -255,27 +252,35 @@ def _sm_count(device: torch.device) -> int:
 
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
-    """Tile sizes and split-K for an [m, k] x [n, k]^T product (a heuristic, checked by
-    bench/nvfp4_kernels_bench.py --tune on an H200).
+    """Tile sizes, split-K and decode for an [m, k] x [n, k]^T product: a heuristic from
+    `python -m bench.nvfp4_kernels_bench --tune` on an H200 (see docs in that script).
 
-    Each program decodes its weight tile in registers and must wait for its tensor-core
-    work before reusing them, so throughput comes from several programs per SM overlapping
-    each other: K is split until there are about six programs per SM (keeping at least two
-    K steps per program). Small M streams weights with 64-row tiles and a 16-wide token
-    side; larger M uses 128 tokens per tile (x is re-read once per 64 weight rows)."""
+    Each program decodes its weight tile in registers and waits for its tensor-core work
+    before reusing them, so throughput comes from several programs per SM overlapping one
+    another: K is split until there are about six programs per SM (at least two K steps
+    each). Small M streams weights: 64-row tiles, a 16-wide token side, the inline-PTX
+    decode. Larger M is tensor-core work: 128 x 128 tiles on two warpgroups, where the
+    plain Triton decode measured faster (Triton schedules it better around the MMAs).
+    Small K (SmolLM2's 576) is latency-bound: 64-wide K steps and no split."""
     if m <= 16:
-        block_m, block_n, block_k, warps, stages = 16, 64, 128, 4, 3
+        cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4,
+                   DECODE_ASM=True)
+        if k <= 768:
+            cfg["BLOCK_K"] = 64
     elif m <= 64:
-        block_m, block_n, block_k, warps, stages = 64, 64, 128, 4, 3
+        cfg = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
+                   DECODE_ASM=False)
     else:
-        block_m, block_n, block_k, warps, stages = 128, 64, 64, 4, 3
-    tiles = triton.cdiv(n, block_n) * triton.cdiv(m, block_m)
-    k_steps = triton.cdiv(k, block_k)
+        cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
+                   DECODE_ASM=False)
+    tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
+    k_steps = triton.cdiv(k, cfg["BLOCK_K"])
     split_k = 1
-    while tiles * split_k * 2 <= 6 * sms and k_steps // (split_k * 2) >= 2:
-        split_k *= 2
-    return dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
-                num_warps=warps, num_stages=stages)
+    if k > 768:
+        while tiles * split_k * 2 <= 6 * sms and k_steps // (split_k * 2) >= 2:
+            split_k *= 2
+    cfg["SPLIT_K"] = split_k
+    return cfg
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
@@ -298,7 +303,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
         k_iters,
         HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split,
         EVEN_K=k == bk * k_iters * split, SCALE_LOG2=scale_log2, OUT_LOG2=out_log2,
-        DECODE_ASM=DECODE_ASM if decode_asm is None else decode_asm,
+        DECODE_ASM=cfg.get("DECODE_ASM", DECODE_ASM) if decode_asm is None else decode_asm,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return out

@@ -127,15 +127,16 @@ def _quantize_kernel(
 
 
 @triton.jit
-def _decode_e2m1(code):
-    """E2M1 codes (int32 0..15) -> fp32 values, 0x8 -> -0.0, by building the fp32 bits.
+def _decode_e2m1_scaled(byte, SHIFT: tl.constexpr, per_block):
+    """One nibble of each byte (SHIFT 0: low, 4: high) -> e2m1 * per_block in fp32, with the
+    reference's single rounding of that product; 0x8 -> -0.0 * per_block = -0.0.
 
-    Magnitude codes 2..7 are the fp32 numbers with exponent (c >> 1) - 1 and one mantissa
-    bit c & 1, whose bits are exactly (c + 252) << 22; code 1 is 0.5 and code 0 is 0."""
-    mag = code & 7
-    bits = tl.where(mag >= 2, (mag + 252) << 22, tl.where(mag == 1, 0x3F000000, 0))
-    bits = bits | ((code & 8) << 28)
-    return bits.to(tl.float32, bitcast=True)
+    The code's 3 magnitude bits placed at fp32 bits 22-24 (and its sign at bit 31) ARE the
+    value times 2^-126: E2M1's exponent bias is 1, and its subnormal (code 1 = 0.5) lands
+    on fp32's subnormal 2^-127. Multiplying by 2^126 is exact (denormals are not flushed
+    here), so the second product is the reference's e2m1 * per_block."""
+    bits = ((byte << (22 - SHIFT)) & 0x01C00000) | ((byte << (28 - SHIFT)) & -0x80000000)
+    return bits.to(tl.float32, bitcast=True) * 8.507059173023462e37 * per_block  # 2^126
 
 
 @triton.jit
@@ -157,9 +158,9 @@ def _dequantize_kernel(
     # As reference.dequantize: per_block = fp32(s_b) * s2 rounded once, then one product
     # per element, then one cast to the output dtype.
     per_block = scale.to(tl.float8e4nv, bitcast=True).to(tl.float32) * tl.load(s2_ptr)
-    lo = _decode_e2m1(packed & 0xF)
-    hi = _decode_e2m1(packed >> 4)
-    values = tl.reshape(tl.join(lo, hi), (BLOCKS, 16)) * per_block[:, None]
+    lo = _decode_e2m1_scaled(packed, 0, per_block[:, None])
+    hi = _decode_e2m1_scaled(packed, 4, per_block[:, None])
+    values = tl.reshape(tl.join(lo, hi), (BLOCKS, 16))
     cols = tl.arange(0, 16)
     out = values.to(out_ptr.dtype.element_ty)  # round to nearest even on the GPU
     tl.store(out_ptr + blocks[:, None] * 16 + cols[None, :], out, mask=in_range[:, None])
