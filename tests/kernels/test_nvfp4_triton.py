@@ -115,6 +115,34 @@ def test_quantize_ties_and_near_ties(dtype):
     assert_quantize_matches_reference(x)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_quantize_near_every_decision_point(dtype):
+    # The CUDA kernel decides codes by comparing |x| with per-block thresholds instead of
+    # dividing; these inputs sit within a few ulps of every midpoint times many per-block
+    # divisors d, where a threshold off by one ulp would show.
+    g = torch.Generator().manual_seed(17)
+    anchors = torch.empty(96).uniform_(0.01, 2000.0, generator=g)
+    anchors[:8] = torch.tensor([6.0, 12.0, 3.0, 0.75, 1e-3, 1e-5, 448 * 6, 1.5])
+    s_b = (anchors / 6).clamp(2.0**-9, 448).to(torch.float8_e4m3fn).float()  # s2 = 1
+    blocks = []
+    for a, d in zip(anchors.tolist(), s_b.tolist(), strict=True):
+        vals = []
+        for m in MIDPOINTS:
+            v = torch.tensor(m * d, dtype=torch.float32)
+            for _ in range(3):
+                v = torch.nextafter(v, torch.tensor(0.0))
+            for _ in range(7):
+                vals.append(v.item())
+                v = torch.nextafter(v, torch.tensor(1e30))
+        vals = torch.tensor(vals)
+        vals = vals * torch.where(torch.rand(len(vals), generator=g) < 0.5, -1.0, 1.0)
+        vals = torch.cat([vals, torch.zeros(60 - len(vals))]).reshape(4, 15)
+        blocks.append(torch.cat([vals, torch.full((4, 1), a)], dim=1))
+    x = torch.cat(blocks).reshape(-1, 64).to(dtype)
+    assert_quantize_matches_reference(x, global_scale=1.0)
+    assert_quantize_matches_reference(x, global_scale=0.37)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_quantize_subnormal_and_signed_zero_inputs(dtype):
     tiny = torch.finfo(dtype).tiny

@@ -257,10 +257,11 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
 
     Each program decodes its weight tile in registers and waits for its tensor-core work
     before reusing them, so throughput comes from several programs per SM overlapping one
-    another: K is split until there are about six programs per SM (at least two K steps
-    each). Small M streams weights: 64-row tiles, a 16-wide token side, the inline-PTX
-    decode. Larger M is tensor-core work: 128 x 128 tiles on two warpgroups, where the
-    plain Triton decode measured faster (Triton schedules it better around the MMAs).
+    another: K is split until there are about six programs per SM (three for the larger
+    8-warp tiles; at least two K steps each). Small M streams weights: 64-row tiles, a
+    16-wide token side, the inline-PTX decode. Larger M is tensor-core work: 128-row tiles
+    on two warpgroups; above M = 64 the plain Triton decode measured faster (Triton
+    schedules it better around the MMAs).
     Small K (SmolLM2's 576) is latency-bound: 64-wide K steps and no split."""
     if m <= 16:
         cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4,
@@ -269,15 +270,16 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
             cfg["BLOCK_K"] = 64
     elif m <= 64:
         cfg = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
-                   DECODE_ASM=False)
+                   DECODE_ASM=True)
     else:
         cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
                    DECODE_ASM=False)
     tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
     k_steps = triton.cdiv(k, cfg["BLOCK_K"])
+    per_sm = 6 if m <= 16 else 3  # the 8-warp tiles need fewer programs per SM
     split_k = 1
     if k > 768:
-        while tiles * split_k * 2 <= 6 * sms and k_steps // (split_k * 2) >= 2:
+        while tiles * split_k * 2 <= per_sm * sms and k_steps // (split_k * 2) >= 2:
             split_k *= 2
     cfg["SPLIT_K"] = split_k
     return cfg
