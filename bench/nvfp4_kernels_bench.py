@@ -232,6 +232,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
     ap.add_argument("--quick", action="store_true", help="SmolLM2 and 4096^2 only")
     ap.add_argument("--tune", action="store_true", help="also time alternative configs")
+    ap.add_argument("--stream-only", action="store_true", help="quantize/dequantize only")
     args = ap.parse_args(argv)
     import triton
 
@@ -248,6 +249,8 @@ def main(argv=None) -> int:
               ("square 4096", 4096, 4096)]
     if not args.quick:
         shapes.append(("large 8192x28672", 8192, 28672))
+    if args.stream_only:
+        shapes = []
     linear_rows = linear_bench(shapes, [1, 16, 64, 256], results, args.tune)
     results["seconds"] = time.time() - t0
 
