@@ -19,8 +19,6 @@ Numerics:
   once per output. See linear_kernels.py.
 """
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -31,10 +29,6 @@ from .linear_kernels import linear  # noqa: F401  (part of this module's interfa
 # Blocks of 16 elements handled by one program. 128 blocks = 2048 elements: 16 per thread
 # with 4 warps, so every thread issues a couple of 16-byte loads and stores.
 _BLOCKS_PER_PROGRAM = 128
-
-# Under TRITON_INTERPRET=1 (CPU), tl.fma is a multiply then an add, which the threshold
-# encoding cannot use; the interpreter takes the division path instead.
-_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @triton.jit
@@ -94,60 +88,6 @@ def _round_e4m3(s):
 
 
 @triton.jit
-def _threshold(d, M: tl.constexpr, DELTA: tl.constexpr, STRICT: tl.constexpr):
-    """Smallest fp32 x >= 0 whose code passes midpoint M, i.e. with RN(x / d) > M (STRICT)
-    or RN(x / d) >= M, for per-block divisors d in [2^-100, 2^100].
-
-    RN(v) > M exactly when v > M + DELTA, and RN(v) >= M exactly when v >= M - DELTA, where
-    DELTA is half an ulp of M (a tie goes to M, whose last mantissa bit is 0). So the
-    threshold is the first fp32 number past T * d, T = M +- DELTA, found without dividing:
-    p = fma(M, d, +-DELTA * d) is T * d rounded once (DELTA * d is exact); M * d - p is
-    small and exactly representable, so fma(M, d, -p) is exact and e + -DELTA * d has the
-    exact sign of T * d - p. Then step p up by one ulp where the comparison needs it."""
-    dd = d * DELTA  # exact: a power of two times a normal number, still normal
-    if STRICT:
-        p = tl.fma(d, M, dd)
-        r = tl.fma(d, M, -p) + dd  # sign of T * d - p
-        step = r >= 0.0  # p <= T * d: the first x > T * d is the next float up
-    else:
-        p = tl.fma(d, M, -dd)
-        r = tl.fma(d, M, -p) - dd
-        step = r > 0.0  # p < T * d: the first x >= T * d is the next float up
-    return (p.to(tl.int32, bitcast=True) + step.to(tl.int32)).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _encode_by_thresholds(x, d):
-    """E2M1 codes of RN(x / d) for fp32 x [BLOCKS, 8] and d [BLOCKS] in [2^-100, 2^100],
-    bit-exact with _encode_e2m1(div_rn(x, d)) but without any division: each block gets the
-    8 values of |x| where the code changes, and an element's magnitude code is the number
-    of them it reaches. Its sign bit is set when x < 0 and RN(x / d) is not zero, i.e. when
-    |x| > 2^-150 * d (half the smallest subnormal; that tie rounds to zero)."""
-    dc = d[:, None]
-    ax = tl.abs(x)
-    t1 = _threshold(dc, 0.25, 2.0**-26, True)
-    t2 = _threshold(dc, 0.75, 2.0**-25, False)
-    t3 = _threshold(dc, 1.25, 2.0**-24, True)
-    t4 = _threshold(dc, 1.75, 2.0**-24, False)
-    t5 = _threshold(dc, 2.5, 2.0**-23, True)
-    t6 = _threshold(dc, 3.5, 2.0**-23, False)
-    t7 = _threshold(dc, 5.0, 2.0**-22, True)
-    # Count the thresholds reached by binary search (3 compares, not 7: the thresholds are
-    # increasing).
-    b2 = ax >= t4
-    b1 = ax >= tl.where(b2, t6, t2)
-    b0 = ax >= tl.where(b2, tl.where(b1, t7, t5), tl.where(b1, t3, t1))
-    code = b2.to(tl.int32) * 4 + b1.to(tl.int32) * 2 + b0.to(tl.int32)
-    # First x > 2^-150 * d: 2^-149 if d < 2; else floor(d / 2) + 1 subnormal steps of
-    # 2^-149 if d < 2^24; else the normal number d * 2^-150 (exact) plus one ulp.
-    half = (tl.minimum(dc, 16777216.0) * 0.5).to(tl.int32)
-    big = dc.to(tl.int32, bitcast=True) - (150 << 23)
-    t0 = tl.where(dc < 2.0, 1, tl.where(dc < 16777216.0, half, big) + 1)
-    nonzero = ax >= t0.to(tl.float32, bitcast=True)
-    return code | tl.where((x < 0) & nonzero, 8, 0)
-
-
-@triton.jit
 def _quantize_kernel(
     x_ptr,  # [n_blocks * 16] bf16/fp16/fp32, contiguous
     packed_ptr,  # [n_blocks * 2] int32 (the packed bytes, 4 per word)
@@ -158,7 +98,6 @@ def _quantize_kernel(
     E2M1_MAX: tl.constexpr,
     E4M3_MIN: tl.constexpr,
     E4M3_MAX: tl.constexpr,
-    THRESHOLDS: tl.constexpr,  # False only for the CPU interpreter (its fma is not fused)
 ):
     # int64 offsets: a tensor over 2^31 elements is plausible (a large weight or KV cache).
     blocks = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
@@ -178,19 +117,10 @@ def _quantize_kernel(
     s_b = tl.minimum(tl.maximum(s_b, E4M3_MIN), E4M3_MAX)
     s_rounded, s_byte = _round_e4m3(s_b)
 
-    # Elements: the codes of y = x / (fp32(s_b) * s2) with IEEE division. When every
-    # divisor fp32(s_b) * s2 is in [2^-100, 2^100], which s_b in [2^-9, 448] guarantees for
-    # s2 in [2^-91, 2^91] (any real tensor), compare |x| with per-block thresholds instead:
-    # same codes, no divisions. The test is on s2 alone, so the branch is uniform.
-    per_block = s_rounded * s2
-    if THRESHOLDS and (s2 >= 2.0**-91) and (s2 <= 2.0**91):
-        code0 = _encode_by_thresholds(x0, per_block)
-        code1 = _encode_by_thresholds(x1, per_block)
-    else:
-        code0 = _encode_e2m1(tl.div_rn(x0, per_block[:, None]))
-        code1 = _encode_e2m1(tl.div_rn(x1, per_block[:, None]))
-    word0 = _pack_nibbles(code0)
-    word1 = _pack_nibbles(code1)
+    # Elements: y = x / (fp32(s_b) * s2), a true division per element.
+    per_block = (s_rounded * s2)[:, None]
+    word0 = _pack_nibbles(_encode_e2m1(tl.div_rn(x0, per_block)))
+    word1 = _pack_nibbles(_encode_e2m1(tl.div_rn(x1, per_block)))
     words = tl.join(word0, word1)  # [BLOCKS, 2]: the block's 8 bytes
     tl.store(packed_ptr + blocks[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=in_range)
     tl.store(scales_ptr + blocks, s_byte.to(tl.uint8), mask=blocks < n_blocks)
@@ -257,7 +187,6 @@ def quantize(x: torch.Tensor, s2: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
             E2M1_MAX=E2M1_MAX,
             E4M3_MIN=E4M3_MIN,
             E4M3_MAX=E4M3_MAX,
-            THRESHOLDS=not _INTERPRETED,
         )
     return packed, scales
 
