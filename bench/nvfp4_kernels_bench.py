@@ -103,7 +103,7 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / statistics.median(times) / 1e6  # GB/s
 
 
-def stream_bench(copy_gbs: float, results: dict) -> list[str]:
+def stream_bench(copy_gbs: float, results: dict, tune: bool) -> list[str]:
     rows = []
     n, k = 8192, 8192
     for dtype in (torch.bfloat16, torch.float32):
@@ -135,6 +135,18 @@ def stream_bench(copy_gbs: float, results: dict) -> list[str]:
             rows.append(f"| {op} {name} [{n}x{k}] | {ms * 1e3:8.1f} us | {gbs:7.0f} GB/s "
                         f"| {100 * gbs / copy_gbs:5.1f}% | {ms_ref * 1e3:8.1f} us "
                         f"| {ms_ref / ms:5.1f}x |")
+            if tune:  # blocks per program x warps
+                launch = triton_impl._quantize if op == "quantize" else triton_impl._dequantize
+                args = (x, s2) if op == "quantize" else (packed, scales, s2, dtype)
+                for blocks in (64, 128, 256, 512):
+                    for warps in (2, 4, 8):
+                        if blocks < 32 * warps:
+                            continue
+                        t = graph_time_ms([lambda f=launch, a=args, b=blocks, w=warps:
+                                           f(*a, b, w)] * 10)
+                        results["stream_tune"].append(dict(op=op, dtype=name, blocks=blocks,
+                                                           warps=warps, us=t * 1e3,
+                                                           gbs=nbytes / t / 1e6))
     return rows
 
 
@@ -239,11 +251,12 @@ def main(argv=None) -> int:
     props = torch.cuda.get_device_properties(0)
     results = dict(device=props.name, sms=props.multi_processor_count,
                    torch=torch.__version__, triton=triton.__version__, stream=[], linear=[],
+                   stream_tune=[],
                    decode_asm=lk.DECODE_ASM, time=time.strftime("%Y-%m-%d %H:%M:%S"))
     t0 = time.time()
     copy_gbs = copy_bandwidth()
     results["copy_gbs"] = copy_gbs
-    stream_rows = stream_bench(copy_gbs, results)
+    stream_rows = stream_bench(copy_gbs, results, args.tune)
     shapes = [("smollm2 q/o", 576, 576), ("smollm2 k/v", 192, 576),
               ("smollm2 gate/up", 1536, 576), ("smollm2 down", 576, 1536),
               ("square 4096", 4096, 4096)]
@@ -267,6 +280,9 @@ def main(argv=None) -> int:
     print("| shape | N x K | M | torch bf16 | nvfp4 Triton | speedup | nvfp4 bytes/s |")
     print("|---|---|---|---|---|---|---|")
     print("\n".join(linear_rows))
+    for t in results["stream_tune"]:
+        print(f"tune {t['op']} {t['dtype']}: blocks={t['blocks']} warps={t['warps']} "
+              f"{t['us']:.1f} us {t['gbs']:.0f} GB/s ({100 * t['gbs'] / copy_gbs:.1f}%)")
     for e in results["linear"]:
         for t in e.get("tune", []):
             print(f"tune {e['shape']} M={e['m']}: {t['name']} asm={t['asm']} "

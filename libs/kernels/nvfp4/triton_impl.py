@@ -166,44 +166,50 @@ def _dequantize_kernel(
     tl.store(out_ptr + blocks[:, None] * 16 + cols[None, :], out, mask=in_range[:, None])
 
 
-def _grid(n_blocks: int) -> tuple[int]:
-    return (triton.cdiv(n_blocks, _BLOCKS_PER_PROGRAM),)
-
-
 def quantize(x: torch.Tensor, s2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] -> (packed uint8 [..., K/2], scales e4m3 [..., K/16]) for a given s2."""
-    k = x.shape[-1]
-    packed = torch.empty((*x.shape[:-1], k // 2), dtype=torch.uint8, device=x.device)
-    scales = torch.empty((*x.shape[:-1], k // BLOCK), dtype=torch.float8_e4m3fn, device=x.device)
-    n_blocks = x.numel() // BLOCK
-    if n_blocks:
-        _quantize_kernel[_grid(n_blocks)](
-            x.contiguous(),  # any strides in; the kernel reads one flat run of blocks
-            packed.view(torch.int32),
-            scales.view(torch.uint8),
-            s2.to(device=x.device, dtype=torch.float32),
-            n_blocks,
-            BLOCKS=_BLOCKS_PER_PROGRAM,
-            E2M1_MAX=E2M1_MAX,
-            E4M3_MIN=E4M3_MIN,
-            E4M3_MAX=E4M3_MAX,
-        )
-    return packed, scales
+    return _quantize(x, s2, _BLOCKS_PER_PROGRAM, num_warps=4)
 
 
 def dequantize(
     packed: torch.Tensor, scales: torch.Tensor, s2: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
     """(packed, scales, s2) -> [..., K] in `dtype`, computed in fp32 and cast once."""
+    return _dequantize(packed, scales, s2, dtype, _BLOCKS_PER_PROGRAM, num_warps=4)
+
+
+def _quantize(x, s2, blocks: int, num_warps: int):
+    k = x.shape[-1]
+    packed = torch.empty((*x.shape[:-1], k // 2), dtype=torch.uint8, device=x.device)
+    scales = torch.empty((*x.shape[:-1], k // BLOCK), dtype=torch.float8_e4m3fn, device=x.device)
+    n_blocks = x.numel() // BLOCK
+    if n_blocks:
+        _quantize_kernel[(triton.cdiv(n_blocks, blocks),)](
+            x.contiguous(),  # any strides in; the kernel reads one flat run of blocks
+            packed.view(torch.int32),
+            scales.view(torch.uint8),
+            s2.to(device=x.device, dtype=torch.float32),
+            n_blocks,
+            BLOCKS=blocks,
+            E2M1_MAX=E2M1_MAX,
+            E4M3_MIN=E4M3_MIN,
+            E4M3_MAX=E4M3_MAX,
+            num_warps=num_warps,
+        )
+    return packed, scales
+
+
+def _dequantize(packed, scales, s2, dtype, blocks: int, num_warps: int):
     out = torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=dtype, device=packed.device)
     n_blocks = scales.numel()
     if n_blocks:
-        _dequantize_kernel[_grid(n_blocks)](
+        _dequantize_kernel[(triton.cdiv(n_blocks, blocks),)](
             packed,
             scales.view(torch.uint8),
             s2.to(device=packed.device, dtype=torch.float32),
             out,
             n_blocks,
-            BLOCKS=_BLOCKS_PER_PROGRAM,
+            BLOCKS=blocks,
+            num_warps=num_warps,
         )
     return out
