@@ -1,8 +1,9 @@
 """NVFP4 (E2M1 values, e4m3 block scales per 16, fp32 per-tensor scale): public API.
 
 Every function validates its inputs here (see checks.py), then hands the work to an
-implementation chosen by `_impl`. Today that is always the torch reference, which is
-bit-exact with ModelOpt's checkpoint export (see reference.py for what was matched).
+implementation chosen by `_impl`: the torch reference, which is bit-exact with ModelOpt's
+checkpoint export (see reference.py for what was matched), or for CUDA tensors with triton
+installed the Triton kernels, whose quantize/dequantize are bit-exact with the reference.
 """
 
 import importlib
@@ -24,7 +25,7 @@ __all__ = [
 ]
 
 # The CUDA path: a module with the same quantize/dequantize/linear signatures as
-# reference.py. It does not exist yet; when it lands, `_impl` starts using it unchanged.
+# reference.py (Triton kernels; see triton_impl.py and linear_kernels.py).
 _TRITON_MODULE = __name__ + ".triton_impl"
 
 

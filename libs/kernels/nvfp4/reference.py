@@ -42,7 +42,10 @@ _MIDPOINTS = tuple((lo + hi) / 2 for lo, hi in zip(E2M1_GRID, E2M1_GRID[1:], str
 def global_scale(x: torch.Tensor) -> torch.Tensor:
     """Decode-form per-tensor scale s2 = amax / 2688 (fp32, 0-d); 1.0 when that is 0."""
     amax = x.abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
-    s2 = amax / GLOBAL_DIVISOR
+    # Divide by a tensor, not a Python number: on CUDA, torch turns division by a Python
+    # scalar into a multiplication by its rounded reciprocal, which can differ from the IEEE
+    # quotient (and from the CPU) in the last bit. On the CPU both forms are the same.
+    s2 = amax / amax.new_full((), GLOBAL_DIVISOR)
     return torch.where(s2 > 0, s2, 1.0)
 
 

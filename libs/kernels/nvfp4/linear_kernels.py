@@ -1,0 +1,359 @@
+"""Weight-only NVFP4 linear for Hopper in Triton: y = x @ W.T * s2 (+ bias), x in bf16/fp16.
+
+Hopper has no FP4 tensor cores, and `tl.dot_scaled` with e4m3 scales per 16 does not
+compile there, so the weights are decoded in registers and multiplied on the bf16/fp16
+tensor cores with `tl.dot` (fp32 accumulation).
+
+Layout of the work ("swap AB"): the weight tile is the left operand, acc[n, m] = W[n, :] .
+x[m, :], so a decode step with one token still fills the 64-row MMA of a warpgroup with
+weight rows; the token dimension (M) becomes the MMA's narrow N side (16 at least). For
+small M the weight stream is the whole cost: 0.5625 bytes per weight instead of 2 for bf16,
+so the ceiling is 3.56x a bf16 GEMV. To keep enough bytes in flight, small-M calls split K
+over several programs; the last program to finish a tile sums the partials (in a fixed
+order, so results are deterministic) and writes the output, all in one launch.
+
+Decoding, per byte (two E2M1 codes, element 2i in the low nibble):
+- Put a code's 3 magnitude bits where the top exponent/mantissa bits of a 16-bit float
+  start: for bf16 `(c & 7) << 6`, for fp16 `(c & 7) << 9`, and its sign at bit 15. That 16-bit
+  pattern IS the E2M1 value times 2^-126 (bf16) or 2^-14 (fp16): E2M1's exponent bias is 1,
+  and its subnormal (code 1 = 0.5) lands on the 16-bit format's subnormal.
+- Multiply by the block scale pre-multiplied by 2^117 (bf16) or 2^7 (fp16), giving
+  e2m1 * s_b * 2^-9 (resp. 2^-7). e2m1 has 2 significant bits and s_b 4, so the product
+  has at most 6 and is exact in either format, including the fp16 subnormals it can reach
+  (>= 2^-17, with its last bit >= 2^-22 > 2^-24). The epilogue multiplies by 2^9 (2^7) and
+  s2. The multiply runs on packed pairs (one `mul.rn.bf16x2` per two weights), in inline
+  PTX when DECODE_ASM, or as plain Triton integer ops otherwise (same values).
+
+The MMA's register fragment pairs K positions (k, k + 1) per thread; K is reordered inside
+each step (identically for W and x, see the kernel) so that each thread's fragment is one
+contiguous 16-byte run of a weight row and each fragment register is one decoded pair.
+
+Speed on an H200 (bench/nvfp4_kernels_bench.py, CUDA graphs, weights streamed from HBM):
+M = 1 on 8192 x 28672 runs in 64 us against 119 us for torch's bf16 GEMV (1.9x; the bytes
+allow 3.56x); ncu: 62% issue utilisation at 14 warps per SM, DRAM 43% busy, so the decode
+(~4.7 instructions per weight in total) and latency, not HBM, bound it. M = 64 is ~1.1x
+and M = 256 ~0.55x of torch: there the decode competes with the tensor cores. SmolLM2's
+576-wide layers are launch/latency-bound (5.5 us vs 3.6 us for torch).
+
+Numerics versus reference.linear: the reference rounds w * s2 to x.dtype for every weight,
+then cuBLAS sums bf16 products in fp32 in its own order. Here the weights are exact, the
+sum is fp32 in another order, s2 is applied to the fp32 sum, and the result is rounded
+once. Both stay within a few units of x.dtype's rounding of the exact sum: tests bound
+|y - exact| by a small multiple of eps(x.dtype) * (|x| @ |W|).
+"""
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from .format import BLOCK
+
+# Per x.dtype: (log2 of the factor folded into the block scale, log2 of the factor the
+# epilogue puts back). See the module docstring.
+_DECODE = {torch.bfloat16: (117, 9), torch.float16: (7, 7)}
+
+# PTX for four bytes b0..b3 -> the low-nibble weights of (b0, b1) and (b2, b3) as packed
+# 16-bit pairs ($0, $1), and the high-nibble weights likewise ($2, $3), each times its
+# block scale ($5 holds the scales of b0, b1; $6 of b2, b3). prmt spreads two bytes into
+# the two halves of a register, so one shift and mask places both codes of a pair.
+# bf16: a code's magnitude goes to bits 6-8 of its half, fp16: 9-11; the sign to bit 15.
+# One multiply by the scale pair, then the signs are xor-ed in (exact: a sign flip).
+_ASM = """
+{{
+.reg .b32 z, p, q, t, u;
+mov.b32 z, 0;
+prmt.b32 p, $4, z, 0x4140;
+prmt.b32 q, $4, z, 0x4342;
+shl.b32 t, p, {lo};
+and.b32 t, t, {mask};
+mul.rn.{ty}x2 t, t, $5;
+shl.b32 u, p, 12;
+and.b32 u, u, 0x80008000;
+xor.b32 $0, t, u;
+shl.b32 t, q, {lo};
+and.b32 t, t, {mask};
+mul.rn.{ty}x2 t, t, $6;
+shl.b32 u, q, 12;
+and.b32 u, u, 0x80008000;
+xor.b32 $1, t, u;
+shl.b32 t, p, {hi};
+and.b32 t, t, {mask};
+mul.rn.{ty}x2 t, t, $5;
+shl.b32 u, p, 8;
+and.b32 u, u, 0x80008000;
+xor.b32 $2, t, u;
+shl.b32 t, q, {hi};
+and.b32 t, t, {mask};
+mul.rn.{ty}x2 t, t, $6;
+shl.b32 u, q, 8;
+and.b32 u, u, 0x80008000;
+xor.b32 $3, t, u;
+}}
+"""
+_ASM_BF16 = tl.constexpr(_ASM.format(lo=6, hi=2, mask="0x01C001C0", ty="bf16"))
+_ASM_F16 = tl.constexpr(_ASM.format(lo=9, hi=5, mask="0x0E000E00", ty="f16"))
+
+
+@triton.jit
+def _decode(packed, scale, DECODE_ASM: tl.constexpr):
+    """uint8 bytes [BN, BKH] and their block scales (x.dtype, pre-multiplied) -> the
+    weights of the low and the high nibbles, e2m1 * s_b * 2^-9 (bf16) or 2^-7 (fp16)."""
+    dtype: tl.constexpr = scale.dtype
+    if DECODE_ASM:
+        if dtype == tl.bfloat16:
+            lo, hi = tl.inline_asm_elementwise(
+                _ASM_BF16, "=r,=r,=r,=r,r,r,r", [packed, scale],
+                dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4,
+            )
+        else:
+            lo, hi = tl.inline_asm_elementwise(
+                _ASM_F16, "=r,=r,=r,=r,r,r,r", [packed, scale],
+                dtype=(tl.float16, tl.float16), is_pure=True, pack=4,
+            )
+    else:
+        # The same bits with plain integer ops, then the scale multiply in x.dtype.
+        b = packed.to(tl.int32)
+        if dtype == tl.bfloat16:
+            mag = (b * 0x00040040) & 0x01C001C0  # low code at bits 6-8, high at 22-24
+        else:
+            mag = (b * 0x00200200) & 0x0E000E00  # 9-11 and 25-27
+        pair = mag | ((b * 0x01001000) & -0x7FFF8000)  # signs to 15 and 31 (0x80008000)
+        lo = pair.to(tl.uint16).to(dtype, bitcast=True) * scale
+        hi = (pair >> 16).to(tl.uint16).to(dtype, bitcast=True) * scale
+    return lo, hi
+
+
+@triton.jit
+def _store_out(acc, offs_n, offs_m, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
+               HAS_BIAS: tl.constexpr, OUT_LOG2: tl.constexpr):
+    """acc [BN, BM] fp32 (weights carried 2^-OUT_LOG2) -> out[m, n] in x.dtype."""
+    y = (acc * (2.0**OUT_LOG2)) * tl.load(s2_ptr)  # the power of two is exact
+    n_ok = offs_n < N
+    if HAS_BIAS:
+        y += tl.load(bias_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+    ptrs = out_ptr + offs_m[None, :].to(tl.int64) * stride_om + offs_n[:, None]
+    tl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=n_ok[:, None] & (offs_m < M)[None, :])
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr,  # [M, K] x.dtype, row stride stride_xm, unit stride along K
+    w_ptr,  # [N, K/2] uint8, row stride stride_w = K/2
+    s_ptr,  # [N, K/16] uint8 (e4m3 bytes), row stride stride_s = K/16
+    s2_ptr,  # 0-d fp32
+    bias_ptr,  # [N] x.dtype (unused unless HAS_BIAS)
+    out_ptr,  # [M, N] x.dtype, row stride stride_om
+    ws_ptr,  # fp32 split-K partials [SPLIT_K, tiles, BN, BM] (unused if SPLIT_K == 1)
+    cnt_ptr,  # int32 [tiles], zero between launches (unused if SPLIT_K == 1)
+    M, N, K, stride_xm, stride_w, stride_s, stride_om,
+    k_iters,  # BLOCK_K steps per split
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    EVEN_K: tl.constexpr,  # K == BLOCK_K * k_iters * SPLIT_K: no masks along K
+    SCALE_LOG2: tl.constexpr,
+    OUT_LOG2: tl.constexpr,
+    DECODE_ASM: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    BKH: tl.constexpr = BLOCK_K // 2  # bytes per weight row per step
+    BKS: tl.constexpr = BLOCK_K // 16  # scales per weight row per step
+    C: tl.constexpr = BLOCK_K // 16
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n_ok = (offs_n < N)[:, None]
+    m_ok = (offs_m < M)[:, None]
+    k_begin = pid_k * k_iters * BLOCK_K
+    kh = tl.arange(0, BKH)
+    ks = tl.arange(0, BKS)
+    kk = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_w + (k_begin // 2 + kh)[None, :]
+    s_ptrs = s_ptr + offs_n[:, None].to(tl.int64) * stride_s + (k_begin // 16 + ks)[None, :]
+    x_ptrs = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + (k_begin + kk)[None, :]
+    dtype = x_ptr.dtype.element_ty
+
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for i in tl.range(k_iters):
+        if EVEN_K:
+            wb = tl.load(w_ptrs, mask=n_ok, other=0)
+            sc = tl.load(s_ptrs, mask=n_ok, other=0)
+            xt = tl.load(x_ptrs, mask=m_ok, other=0.0)
+        else:
+            k0 = k_begin + i * BLOCK_K
+            wb = tl.load(w_ptrs, mask=n_ok & ((k0 + 2 * kh) < K)[None, :], other=0)
+            sc = tl.load(s_ptrs, mask=n_ok & ((k0 + 16 * ks) < K)[None, :], other=0)
+            xt = tl.load(x_ptrs, mask=m_ok & ((k0 + kk) < K)[None, :], other=0.0)
+        scale = sc.to(tl.float8e4nv, bitcast=True).to(tl.float32) * (2.0**SCALE_LOG2)
+        scale = tl.reshape(tl.broadcast_to(scale.to(dtype)[:, :, None], (BLOCK_N, BKS, 8)),
+                           (BLOCK_N, BKH))  # one scale per byte
+        lo, hi = _decode(wb, scale, DECODE_ASM)
+        # Reorder K inside the step, the same way for W and x, so the dot product is
+        # unchanged: byte q*2C + 2c + e of a row holds the K positions 2(q*2C + 2c + e) + n
+        # (n = 0 low nibble, 1 high); give them the MMA's K index 16c + 8n + 2q + e. The
+        # MMA's register fragment then holds, per thread (q = lane % 4), 2C contiguous
+        # bytes of a row, read with one 16-byte load, and each of its 32-bit registers is
+        # one decoded pair (same nibble of bytes 2c, 2c + 1): exactly what the decode
+        # produces, so nothing is shuffled between the load and the tensor cores.
+        w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 4, C, 2, 2))
+        w = tl.reshape(tl.permute(w, (0, 2, 4, 1, 3)), (BLOCK_N, BLOCK_K))
+        xt = tl.reshape(xt, (BLOCK_M, 4, C, 2, 2))
+        xt = tl.reshape(tl.permute(xt, (0, 2, 4, 1, 3)), (BLOCK_M, BLOCK_K))
+        acc = tl.dot(w, tl.trans(xt), acc)
+        w_ptrs += BKH
+        s_ptrs += BKS
+        x_ptrs += BLOCK_K
+
+    if SPLIT_K == 1:
+        _store_out(acc, offs_n, offs_m, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
+                   HAS_BIAS, OUT_LOG2)
+    else:
+        # Publish this partial; the program that brings the tile's count to SPLIT_K sums
+        # all partials in split order and writes the output. The barrier makes every
+        # thread's stores precede the (single-thread, acq_rel, gpu-scope) atomic.
+        tile = pid_m * tl.num_programs(0) + pid_n
+        n_tiles = tl.num_programs(0) * tl.num_programs(1)
+        tile_offs = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        tile_size: tl.constexpr = BLOCK_N * BLOCK_M
+        tl.store(ws_ptr + (pid_k * n_tiles + tile).to(tl.int64) * tile_size + tile_offs, acc)
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for s in range(SPLIT_K):
+                part = ws_ptr + (s * n_tiles + tile).to(tl.int64) * tile_size + tile_offs
+                total += tl.load(part, cache_modifier=".cg")  # L2: written by other SMs
+            _store_out(total, offs_n, offs_m, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
+                       HAS_BIAS, OUT_LOG2)
+            tl.atomic_xchg(cnt_ptr + tile, 0)  # ready for the next launch
+
+
+# Default decode when a config does not say: the inline-PTX packed version (same values as
+# the plain Triton one; tests check that bit for bit).
+DECODE_ASM = True
+
+_counters: dict[tuple, torch.Tensor] = {}
+
+
+def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 counters for split-K, one buffer per (device, stream).
+
+    Every launch leaves the counters it used at zero again, so the buffer is reused without
+    a memset. It is keyed by stream because two launches running at once must not share
+    counters."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _counters.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _counters[key] = buf
+    return buf
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # the interpreter (TRITON_INTERPRET=1) on CPU tensors
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
+    """Tile sizes, split-K and decode for an [m, k] x [n, k]^T product: a heuristic from
+    `python -m bench.nvfp4_kernels_bench --tune` on an H200 (see docs in that script).
+
+    Each program decodes its weight tile in registers and waits for its tensor-core work
+    before reusing them, so throughput comes from several programs per SM overlapping one
+    another: K is split until there are about six programs per SM (three for the larger
+    8-warp tiles; at least two K steps each). Small M streams weights: 64-row tiles, a
+    16-wide token side, the inline-PTX decode. Larger M is tensor-core work: 128-row tiles
+    on two warpgroups; above M = 64 the plain Triton decode measured faster (Triton
+    schedules it better around the MMAs).
+    Small K (SmolLM2's 576) is latency-bound: 64-wide K steps and no split."""
+    if m <= 16:
+        cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4,
+                   DECODE_ASM=True)
+        if k <= 768:
+            cfg["BLOCK_K"] = 64
+    elif m <= 64:
+        cfg = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
+                   DECODE_ASM=True)
+    else:
+        cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
+                   DECODE_ASM=False)
+    # The masked K path (K not a multiple of BLOCK_K * SPLIT_K) loses the 16-byte loads and
+    # measured 3.5x slower, so take the largest K step (down to 16, which always divides K)
+    # that divides K, and only splits that divide the number of steps.
+    while k % cfg["BLOCK_K"] and cfg["BLOCK_K"] > 16:
+        cfg["BLOCK_K"] //= 2
+    tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
+    k_steps = triton.cdiv(k, cfg["BLOCK_K"])
+    per_sm = 6 if m <= 16 else 3  # the 8-warp tiles need fewer programs per SM
+    split_k = 1
+    if k > 768:
+        while (tiles * split_k * 2 <= per_sm * sms and k_steps // (split_k * 2) >= 2
+               and k_steps % (split_k * 2) == 0):
+            split_k *= 2
+    cfg["SPLIT_K"] = split_k
+    return cfg
+
+
+def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
+    """Run the kernel on x2 [M, K] (unit stride along K) into out [M, N] with config cfg."""
+    m, k = x2.shape
+    n = packed.shape[0]
+    bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
+    k_iters = triton.cdiv(triton.cdiv(k, bk), split)
+    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), split)
+    tiles = grid[0] * grid[1]
+    if split > 1:
+        ws = torch.empty(split * tiles * bn * bm, dtype=torch.float32, device=x2.device)
+        cnt = _tile_counters(x2.device, tiles)
+    else:
+        ws = cnt = out  # never read
+    scale_log2, out_log2 = _DECODE[x2.dtype]
+    _linear_kernel[grid](
+        x2, packed, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
+        ws, cnt, m, n, k, x2.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
+        k_iters,
+        HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split,
+        EVEN_K=k == bk * k_iters * split, SCALE_LOG2=scale_log2, OUT_LOG2=out_log2,
+        DECODE_ASM=cfg.get("DECODE_ASM", DECODE_ASM) if decode_asm is None else decode_asm,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out
+
+
+def linear(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    scales: torch.Tensor,
+    s2: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """Weight-only y = x @ W.T + bias in x.dtype; see the module docstring for numerics.
+
+    fp32 activations take the reference's route (Triton dequantize, then torch's fp32
+    matmul): the fp32 tensor cores would round x to tf32, and fp32 is not a serving dtype."""
+    if x.dtype == torch.float32:
+        from .triton_impl import dequantize
+
+        w = dequantize(packed, scales, s2, torch.float32)
+        return torch.nn.functional.linear(x, w, bias)
+    n, k = packed.shape[0], packed.shape[1] * 2
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
+    if x2.shape[0] and n:
+        s2 = s2.to(device=x.device, dtype=torch.float32)
+        cfg = pick_config(x2.shape[0], n, k, _sm_count(x.device))
+        launch(x2, packed, scales, s2, bias, out, cfg)
+    return out.reshape(*x.shape[:-1], n)
+
+
+assert BLOCK == 16  # the kernel hard-codes 16-element blocks (BLOCK_K // 16 scales per row)
