@@ -89,5 +89,8 @@ def nvfp4_linear(
     layout, w_global its s2). x stays in its own dtype: activations are not quantized.
     """
     checks.check_linear(x, packed_w, w_scales, bias)
-    s2 = checks.as_global_scale(w_global, packed_w.device)
+    # A CUDA weight's s2 was checked when it was made (quantize_nvfp4, the checkpoint
+    # loader); testing it again here would cost a host sync on every linear.
+    on_gpu = isinstance(w_global, torch.Tensor) and w_global.is_cuda
+    s2 = checks.as_global_scale(w_global, packed_w.device, check_value=not on_gpu)
     return _impl(x).linear(x, packed_w, w_scales, s2, bias)

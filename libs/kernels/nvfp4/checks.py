@@ -37,8 +37,12 @@ def check_quantize_input(x: torch.Tensor) -> None:
         raise ValueError("x contains NaN or Inf; NVFP4 cannot encode them")
 
 
-def as_global_scale(global_scale, device: torch.device) -> torch.Tensor:
-    """Return the decode-form global scale s2 as a 0-d fp32 tensor on `device`."""
+def as_global_scale(global_scale, device: torch.device, check_value: bool = True) -> torch.Tensor:
+    """Return the decode-form global scale s2 as a 0-d fp32 tensor on `device`.
+
+    `check_value=False` skips the positive-and-finite test, which reads the value back to
+    the host: a sync per call on a GPU, where hot paths pass scales validated at load.
+    """
     if isinstance(global_scale, bool) or not isinstance(global_scale, (torch.Tensor, float, int)):
         kind = type(global_scale).__name__
         raise TypeError(f"global_scale must be a float or tensor, got {kind}")
@@ -48,7 +52,7 @@ def as_global_scale(global_scale, device: torch.device) -> torch.Tensor:
     if g.numel() != 1:
         raise ValueError(f"global_scale must be a scalar, got shape {tuple(g.shape)}")
     g = g.reshape(())
-    if not (torch.isfinite(g) and g > 0):
+    if check_value and not (torch.isfinite(g) and g > 0):
         raise ValueError(f"global_scale must be positive and finite, got {g.item()}")
     return g
 
