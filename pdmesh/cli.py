@@ -44,6 +44,7 @@ def _die_with_supervisor() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from libs.transfer.kvwire import FORMATS as KV_FORMATS
     from services.bootstrap import main as bootstrap_main
     from services.decode import main as decode_main
     from services.prefill import main as prefill_main
@@ -60,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--dtype", default="float32", choices=["float32", "bfloat16"],
         help="model and KV dtype (default float32)",
+    )
+    up.add_argument(
+        "--kv-transfer", default="native", choices=KV_FORMATS,
+        help="how prompt KV travels prefill -> decode, for every member: native or nvfp4 "
+        "(see pdmesh prefill --help; --prefill-args/--decode-args can override per role)",
     )
     up.add_argument("--prefill", type=int, default=1, help="prefill processes (default 1)")
     up.add_argument("--prefill-kv-pages", type=int, default=None,
@@ -164,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         from pdmesh.supervisor import Plan, supervise
 
         plan = Plan(
-            model=args.model, device=args.device, dtype=args.dtype,
+            model=args.model, device=args.device, dtype=args.dtype, kv_transfer=args.kv_transfer,
             prefill=args.prefill, decode=args.decode,
             host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             bootstrap_port=args.bootstrap_port,

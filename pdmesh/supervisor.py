@@ -39,6 +39,7 @@ class Plan:
     model: str = "smollm2"
     device: str = "cpu"
     dtype: str = "float32"
+    kv_transfer: str = "native"
     prefill: int = 1
     decode: int = 1
     host: str = "127.0.0.1"
@@ -54,7 +55,8 @@ class Plan:
     def children(self) -> list[Child]:
         base = [sys.executable, "-m", "pdmesh.cli"]
         common = ["--bootstrap", self.bootstrap, "--host", self.host]
-        member = [*common, "--model", self.model, "--device", self.device, "--dtype", self.dtype]
+        member = [*common, "--model", self.model, "--device", self.device, "--dtype", self.dtype,
+                  "--kv-transfer", self.kv_transfer]
         out = [Child("bootstrap", [*base, "bootstrap", "--host", self.host,
                                    "--port", str(self.bootstrap_port)])]
         for i in range(self.prefill):
