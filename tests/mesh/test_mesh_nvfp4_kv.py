@@ -30,6 +30,7 @@ from pdmesh.localmesh import start_mesh, wait_quiet
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
 from pdmesh.v1 import common_pb2 as cpb
+from tests.mesh import test_field_report as field_report
 
 SHORT = "The quick brown fox jumps over the lazy dog"  # one partial page
 LONG = "river engine lantern " * 200  # > 2 prefill chunks of 256: writes between chunks
@@ -166,3 +167,17 @@ def test_colocated_round_trip_really_changes_the_kv(colocated):
         assert 0.01 < rel < 0.2, rel
     finally:
         pool.free(pages)
+
+
+# The W4 window of tests/mesh/test_field_report.py with nvfp4: the late write lands in the
+# staging slots of room A's pages, which stay quarantined with those pages until the
+# writer is fenced (slot i belongs to page i), and nothing is left held afterwards.
+nvfp4_w4_mesh = field_report.mesh_fixture(
+    "nvfp4w4", f"pause_between_chunks={field_report.PAUSE},delay_abort=1.5",
+    up_args=("--kv-transfer", "nvfp4"),
+)
+
+
+async def test_a_late_write_into_staging_slots_is_fenced_like_one_into_pages(nvfp4_w4_mesh):
+    await field_report.test_m03_a_late_write_never_lands_in_another_requests_pages(
+        nvfp4_w4_mesh)
