@@ -44,6 +44,7 @@ def _die_with_supervisor() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from libs.transfer.kvwire import FORMATS as KV_FORMATS
     from services.bootstrap import main as bootstrap_main
     from services.decode import main as decode_main
     from services.prefill import main as prefill_main
@@ -66,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="linear weights of every prefill and decode: native (default) as the checkpoint "
         "stores them; nvfp4 quantizes q/k/v/o/gate/up/down to NVFP4 at load, weight-only "
         "(see pdmesh prefill --help)",
+    )
+    up.add_argument(
+        "--kv-transfer", default="native", choices=KV_FORMATS,
+        help="how prompt KV travels prefill -> decode, for every member: native or nvfp4 "
+        "(see pdmesh prefill --help; --prefill-args/--decode-args can override per role)",
     )
     up.add_argument("--prefill", type=int, default=1, help="prefill processes (default 1)")
     up.add_argument("--prefill-kv-pages", type=int, default=None,
@@ -171,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
         plan = Plan(
             model=args.model, device=args.device, dtype=args.dtype, weights=args.weights,
+            kv_transfer=args.kv_transfer,
             prefill=args.prefill, decode=args.decode,
             host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             bootstrap_port=args.bootstrap_port,

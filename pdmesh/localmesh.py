@@ -89,8 +89,14 @@ class Mesh:
 def start_mesh(
     tmp: Path, model: str = "tiny", prefill: int = 1, decode: int = 1, timeout: float = 180.0,
     extra_env: dict[str, str] | None = None, device: str = "cpu", dtype: str = "float32",
-    up_args: list[str] | None = None,
+    up_args: list[str] | None = None, wait_healthy: bool = True,
 ) -> Mesh:
+    """Start `pdmesh up` and wait until the router's /health is 200 and the members are up.
+
+    ``wait_healthy=False``: wait only until the prefills and decodes are healthy and the
+    router is registered; for meshes that must not be able to serve (e.g. members whose KV
+    layouts do not pair), whose /health stays 503.
+    """
     http, grpc_port, boot = free_port(), free_port(), free_port()
     log_path = tmp / f"mesh-{model}-{prefill}x{decode}.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
@@ -110,7 +116,7 @@ def start_mesh(
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"pdmesh up exited early:\n{mesh.log()[-4000:]}")
-        if _health(http) and _members_ready(mesh, prefill, decode):
+        if (not wait_healthy or _health(http)) and _members_ready(mesh, prefill, decode):
             return mesh
         time.sleep(0.5)
     mesh.stop()
@@ -140,7 +146,9 @@ def _members_ready(mesh: Mesh, prefill: int, decode: int) -> bool:
     except Exception:
         return False
     roles = [m["role"] for m in members if m["healthy"]]
-    return roles.count("prefill") >= prefill and roles.count("decode") >= decode
+    # The router is only registered: its health is the mesh's (can it pair?).
+    return (roles.count("prefill") >= prefill and roles.count("decode") >= decode
+            and any(m["role"] == "router" for m in members))
 
 
 def wait_quiet(mesh: Mesh, timeout: float = 5.0) -> dict:

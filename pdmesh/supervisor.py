@@ -40,6 +40,7 @@ class Plan:
     device: str = "cpu"
     dtype: str = "float32"
     weights: str = "native"
+    kv_transfer: str = "native"
     prefill: int = 1
     decode: int = 1
     host: str = "127.0.0.1"
@@ -56,7 +57,7 @@ class Plan:
         base = [sys.executable, "-m", "pdmesh.cli"]
         common = ["--bootstrap", self.bootstrap, "--host", self.host]
         member = [*common, "--model", self.model, "--device", self.device, "--dtype", self.dtype,
-                  "--weights", self.weights]
+                  "--weights", self.weights, "--kv-transfer", self.kv_transfer]
         out = [Child("bootstrap", [*base, "bootstrap", "--host", self.host,
                                    "--port", str(self.bootstrap_port)])]
         for i in range(self.prefill):

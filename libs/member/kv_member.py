@@ -3,9 +3,15 @@
 A KvMember owns the model and the KV pool (allocated and registered with NIXL
 once), builds its registration for the bootstrap, and keeps the NIXL agents of
 the opposite role in step with membership: a peer that joins is added only if
-its KV layout matches ours (a mismatch is refused at registration, never found
-as a hang); a peer that leaves, or re-registers under a new epoch, has its old
-agent dropped at once and its rooms failed by the listeners.
+its KV layout matches ours, transfer format included (a mismatch is refused at
+registration, never found as a hang, and remembered so a request naming that
+peer is refused with the reason); a peer that leaves, or re-registers under a
+new epoch, has its old agent dropped at once and its rooms failed by the
+listeners.
+
+What NIXL registers depends on the KV transfer format (libs/transfer/staging.py):
+the pool itself for native, a staging region of one NVFP4 slot per KV page for
+nvfp4.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from libs.engine.loader import LoadedModel, load_model
 from libs.faults import Faults
 from libs.transfer.agent import KvAgent
 from libs.transfer.layout import PoolLayout
+from libs.transfer.staging import KvWire
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
 
@@ -53,15 +60,21 @@ def model_fingerprint(loaded: LoadedModel) -> str:
     return f"{loaded.name}{fmt}@{hashlib.sha256(sample).hexdigest()[:12]}"
 
 
-def layout_mismatch(ours: cpb.KvLayout, theirs: cpb.KvLayout) -> str | None:
-    """Why two members cannot exchange KV, or None when they can."""
+def layout_mismatch(
+    ours: cpb.KvLayout, theirs: cpb.KvLayout, names: tuple[str, str] = ("ours", "theirs")
+) -> str | None:
+    """Why two members cannot exchange KV, or None when they can.
+
+    The transfer format is compared first: it is the one an operator sets per member
+    (--kv-transfer), and the derived wire_page_bytes would otherwise hide it.
+    """
     for name in (
-        "model", "dtype", "page_size", "num_layers", "num_kv_heads", "head_dim",
-        "page_bytes", "transfer_format",
+        "transfer_format", "model", "dtype", "page_size", "num_layers", "num_kv_heads",
+        "head_dim", "page_bytes", "wire_page_bytes",
     ):
         a, b = getattr(ours, name), getattr(theirs, name)
         if a != b:
-            return f"{name} differs: ours {a!r}, theirs {b!r}"
+            return f"{name} differs: {names[0]} {a!r}, {names[1]} {b!r}"
     return None
 
 
@@ -74,8 +87,10 @@ class KvMember:
     engine: Engine
     agent: KvAgent
     layout: cpb.KvLayout
+    wire: KvWire
     peers: dict[str, Peer] = field(default_factory=dict)
-    refused: dict[str, str] = field(default_factory=dict)
+    # Members of the opposite role refused at join: name -> (epoch, why).
+    refused: dict[str, tuple[int, str]] = field(default_factory=dict)
     on_peer_lost: list[PeerListener] = field(default_factory=list)
     # Signs this decode's TransferInfo grants; a new key per process (libs/member/grant.py).
     grant_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
@@ -86,16 +101,18 @@ class KvMember:
     @classmethod
     def create(
         cls, role: int, name: str, model: str, device: str, num_pages: int, page_size: int,
-        dtype: str = "float32", weights: str = "native",
+        dtype: str = "float32", weights: str = "native", kv_transfer: str = "native",
     ) -> KvMember:
+        """Raises UnsupportedKvShape when the model's KV cannot travel as ``kv_transfer``."""
         loaded = load_model(
             model, device=device, dtype=getattr(torch, dtype), weights_format=weights
         )
         pool = KvPool(
             loaded.config, num_pages, page_size, device=device, dtype=loaded.weights.dtype
         )
+        wire = KvWire(kv_transfer, pool.tensor)
         engine = Engine(loaded.config, loaded.weights, pool)
-        agent = KvAgent(name, pool.tensor, pool.page_bytes)
+        agent = KvAgent(name, wire.region, wire.page_bytes)
         layout = cpb.KvLayout(
             model=model_fingerprint(loaded),
             dtype=str(pool.dtype).removeprefix("torch."),
@@ -104,9 +121,10 @@ class KvMember:
             num_kv_heads=loaded.config.n_kv_heads,
             head_dim=loaded.config.head_dim,
             page_bytes=pool.page_bytes,
-            transfer_format="raw",
+            transfer_format=wire.name,
+            wire_page_bytes=wire.page_bytes,
         )
-        return cls(role, name, loaded, pool, engine, agent, layout)
+        return cls(role, name, loaded, pool, engine, agent, layout, wire)
 
     @property
     def peer_role(self) -> int:
@@ -137,13 +155,21 @@ class KvMember:
             return None
         return peer
 
+    def why_not_peer(self, ref: cpb.PeerRef, role_name: str) -> str:
+        """Why ``ref`` is not a live peer, for a typed refusal that names the cause."""
+        refused = self.refused.get(ref.name)
+        if refused is not None and refused[0] == ref.epoch:
+            return (f"{role_name} {ref.name!r} epoch {ref.epoch} cannot exchange KV with "
+                    f"{self.name!r}: {refused[1]}")
+        return f"{role_name} {ref.name!r} epoch {ref.epoch} is not a live peer"
+
     def on_join(self, member: bpb.Member) -> None:
         if member.role != self.peer_role:
             return
         why = layout_mismatch(self.layout, member.layout)
         if why is not None:
             log.error("refusing peer %s: %s", member.name, why)
-            self.refused[member.name] = why
+            self.refused[member.name] = (member.epoch, why)
             return
         self.refused.pop(member.name, None)
         if member.name in self.peers:
@@ -151,7 +177,7 @@ class KvMember:
         agent_name = self.agent.add_peer(member.nixl_metadata)
         layout = PoolLayout(
             base_addr=member.region.base_addr,
-            page_bytes=member.layout.page_bytes,
+            page_bytes=member.layout.wire_page_bytes,
             num_pages=member.region.num_pages,
             mem_type=member.region.mem_type,
             device_id=member.region.device_id,
@@ -160,6 +186,9 @@ class KvMember:
         log.info("peer %s epoch %d added", member.name, member.epoch)
 
     def on_leave(self, member: bpb.Member, reason: str) -> None:
+        refused = self.refused.get(member.name)
+        if refused is not None and refused[0] == member.epoch:
+            del self.refused[member.name]
         peer = self.peers.get(member.name)
         if peer is None or peer.member.epoch != member.epoch:
             return

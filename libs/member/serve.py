@@ -14,6 +14,7 @@ from libs.member.kv_member import KvMember
 from libs.rpc.http import asgi_server, listen, serve_http
 from libs.rpc.membership import Membership
 from libs.rpc.server import start_server
+from libs.transfer.kvwire import FORMATS, UnsupportedKvShape
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,13 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str, pages: int)
     )
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     parser.add_argument(
+        "--kv-transfer", default="native", choices=FORMATS,
+        help="how prompt KV travels from prefill to decode: native (pool bytes as they are) "
+        "or nvfp4 (E2M1 + e4m3 scales per 16 + fp32 scale per page/layer/K|V: ~3.5x fewer "
+        "bytes than bf16; needs head_dim %% 16 == 0). Prefills and decodes pair only with "
+        "the same format (default native)",
+    )
+    parser.add_argument(
         "--metrics-port", type=int, default=0,
         help="Prometheus /metrics HTTP port (default: a free one, published in the registry)",
     )
@@ -83,10 +91,13 @@ async def serve_member(
     except ValueError as e:
         raise SystemExit(f"pdmesh {role_name}: --faults: {e}") from None
     log.info("loading model %s on %s", args.model, args.device)
-    member = await anyio.to_thread.run_sync(
-        KvMember.create, role, name, args.model, args.device, args.kv_pages, args.page_size,
-        args.dtype, args.weights,
-    )
+    try:
+        member = await anyio.to_thread.run_sync(
+            KvMember.create, role, name, args.model, args.device, args.kv_pages,
+            args.page_size, args.dtype, args.weights, args.kv_transfer,
+        )
+    except UnsupportedKvShape as e:
+        raise SystemExit(f"pdmesh {role_name}: --kv-transfer {args.kv_transfer}: {e}") from None
     member.pinned_after = args.pinned_after
     member.stall_after = args.stall_after
     if injected.active:

@@ -49,10 +49,21 @@ def run_service(service: str, main: Callable[[], Awaitable[None]]) -> int:
 
     try:
         anyio.run(root, backend="asyncio", backend_options={"use_uvloop": _have_uvloop()})
+    except BaseExceptionGroup as group:
+        # A startup refusal (SystemExit with one line) exits with that line, not a trace.
+        exits, rest = group.split(SystemExit)
+        if exits is None or rest is not None:
+            raise
+        raise _first_leaf(exits) from None
     finally:
         if provider is not None:
             provider.shutdown()  # flushes what is queued, bounded by the export timeout
     return 0
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _have_uvloop() -> bool:

@@ -9,12 +9,17 @@ from libs.transfer.errors import (
     TransferTimeout,
     UnknownPeer,
 )
+from libs.transfer.kvwire import FORMATS, Nvfp4PageFormat, UnsupportedKvShape
 from libs.transfer.layout import PoolLayout, Run, coalesce
+from libs.transfer.staging import KvWire
 from libs.transfer.wait import wait
 
 __all__ = [
+    "FORMATS",
     "KvAgent",
+    "KvWire",
     "LayoutMismatch",
+    "Nvfp4PageFormat",
     "PeerExists",
     "PoolLayout",
     "Run",
@@ -23,6 +28,7 @@ __all__ = [
     "TransferFailed",
     "TransferTimeout",
     "UnknownPeer",
+    "UnsupportedKvShape",
     "coalesce",
     "wait",
 ]

@@ -79,7 +79,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ...) -> None: ...
 
 class KvLayout(_message.Message):
-    __slots__ = ("model", "dtype", "page_size", "num_layers", "num_kv_heads", "head_dim", "page_bytes", "transfer_format")
+    __slots__ = ("model", "dtype", "page_size", "num_layers", "num_kv_heads", "head_dim", "page_bytes", "transfer_format", "wire_page_bytes")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,7 @@ class KvLayout(_message.Message):
     HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
     PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    WIRE_PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     model: str
     dtype: str
     page_size: int
@@ -96,7 +97,8 @@ class KvLayout(_message.Message):
     head_dim: int
     page_bytes: int
     transfer_format: str
-    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., page_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., page_bytes: _Optional[int] = ..., transfer_format: _Optional[str] = ...) -> None: ...
+    wire_page_bytes: int
+    def __init__(self, model: _Optional[str] = ..., dtype: _Optional[str] = ..., page_size: _Optional[int] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., page_bytes: _Optional[int] = ..., transfer_format: _Optional[str] = ..., wire_page_bytes: _Optional[int] = ...) -> None: ...
 
 class KvRegion(_message.Message):
     __slots__ = ("base_addr", "num_pages", "mem_type", "device_id")

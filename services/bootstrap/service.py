@@ -24,10 +24,13 @@ def _check_member(member: bpb.Member) -> None:
     if not member.address:
         raise RpcError(grpc.StatusCode.INVALID_ARGUMENT, "member.address is required")
     if member.role in (cpb.PREFILL, cpb.DECODE):
-        if not member.nixl_metadata or not member.layout.model or member.layout.page_bytes == 0:
+        layout = member.layout
+        if (not member.nixl_metadata or not layout.model or layout.page_bytes == 0
+                or layout.wire_page_bytes == 0 or not layout.transfer_format):
             raise RpcError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                "prefill/decode members must carry nixl_metadata and a KV layout",
+                "prefill/decode members must carry nixl_metadata and a KV layout "
+                "(with its transfer format and wire page size)",
             )
 
 

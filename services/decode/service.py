@@ -10,6 +10,11 @@ Pages that a write may still touch are never reused on a timeout alone
 (invariant 5): if the request ends before KvReady, its pages go to
 quarantine and come back only on a fence: the late KvReady itself, an Abort
 saying the writer is fenced, or the writer's registration (epoch) gone.
+
+With ``--kv-transfer nvfp4`` the prefill writes NVFP4 slots into this member's
+staging region (slot i belongs to KV page i, so quarantining a page quarantines
+its slot), and once KvReady says every slot landed they are dequantized into
+the room's KV pages, off the loop, before the sequence joins the batch.
 """
 
 from __future__ import annotations
@@ -124,11 +129,10 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 f"prompt ({request.prompt_tokens}) + max_tokens ({params.max_tokens}) "
                 f"exceeds the context of {config.max_position}",
             )
-        if self.member.peer(request.prefill) is None:
+        if self.member.peer(request.prefill) is None:  # unknown, stale, or refused at join
             raise RpcError(
                 grpc.StatusCode.FAILED_PRECONDITION,
-                f"prefill {request.prefill.name!r} epoch {request.prefill.epoch} "
-                "is not a live peer",
+                self.member.why_not_peer(request.prefill, "prefill"),
             )
         # The KV must land with time left to generate: the wait for it ends a little
         # before the call's own deadline, and fails typed, on our terms.
@@ -192,6 +196,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                     ready = slot.ready
                     arrived = dpb.KvArrived(prompt_tokens=ready.prompt_tokens)
                     await context.write(dpb.DecodeEvent(kv_arrived=arrived))
+                    await self._unstage(slot)
                     seq = self.batcher.admit(
                         slot.pages, ready.prompt_tokens, ready.first_token, params
                     )
@@ -227,6 +232,19 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 "quarantined" if slot.key in self.quarantine else "released",
                 {"pdmesh.kv.pages": len(slot.pages)},
             )
+
+    async def _unstage(self, slot: Slot) -> None:
+        """nvfp4: dequantize the landed slots into the room's KV pages, off the loop.
+
+        Runs after KvReady (no write can still touch these slots) and is not abandoned
+        on cancel, so the pages are never freed under it.
+        """
+        wire = self.member.wire
+        if wire.staged:
+            pages = slot.pages[: slot.prompt_pages]
+            with span("kv dequantize", attributes={"pdmesh.kv.pages": len(pages),
+                                                   "pdmesh.kv.format": wire.name}):
+                await anyio.to_thread.run_sync(wire.unpack, pages)
 
     async def _stream(self, seq: Sequence, context, called: float) -> None:
         last = None

@@ -8,6 +8,10 @@ pages that chunk completed. The last write carries a KvReady notification, so
 the decode knows every page landed. Whatever ends the request (success, Abort,
 client gone, deadline, transfer error), the finally block fences in-flight
 writes before local pages go back to the pool.
+
+With ``--kv-transfer nvfp4`` a chunk's pages are first quantized (off the loop)
+into their staging slots, which is what the WRITE then reads; a slot has the id
+of its KV page, so the same fence frees both (libs/transfer/staging.py).
 """
 
 from __future__ import annotations
@@ -112,10 +116,9 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         if info.key != request.key:
             raise invalid("transfer.key differs from key")
         peer = self.member.peer(info.decode)
-        if peer is None:
+        if peer is None:  # unknown, stale, or refused at join (e.g. another KV format)
             raise RpcError(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"decode {info.decode.name!r} epoch {info.decode.epoch} is not a live peer",
+                grpc.StatusCode.FAILED_PRECONDITION, self.member.why_not_peer(info.decode, "decode")
             )
         why = grant.check(
             peer.member.grant_key, info, cpb.PeerRef(name=self.member.name, epoch=self.epoch())
@@ -209,6 +212,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             if done < n:  # the last page always waits for the final, notifying write
                 full = done // page_size
                 if full > sent:
+                    await self._stage(job, range(sent, full), None)
                     self._write(job, range(sent, full), dst, None)
                     sent = full
             await context.write(
@@ -227,10 +231,13 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         )
         deadline = room.deadline
         job.stage = "transfer"
-        attributes = {"pdmesh.kv.pages": len(dst), "pdmesh.kv.bytes": len(dst) * pool.page_bytes,
+        wire_bytes = len(dst) * member.wire.page_bytes
+        attributes = {"pdmesh.kv.pages": len(dst), "pdmesh.kv.bytes": wire_bytes,
+                      "pdmesh.kv.format": member.wire.name,
                       "pdmesh.kv.backend": "nixl-ucx", "pdmesh.kv.writes": len(job.transfers) + 1,
                       "pdmesh.peer": job.peer.member.name}
         with span("kv transfer", attributes=attributes) as transfer_span:
+            await self._stage(job, range(sent, len(dst)), n - (len(dst) - 1) * page_size)
             for transfer in job.transfers:  # earlier chunks land before the notifying write
                 await wait(transfer, deadline)
             if faults.delay_kv_ready:
@@ -246,7 +253,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             status=cpb.TRANSFER_OK,
             first_token=first,
             pages_written=len(dst),
-            bytes_written=len(dst) * pool.page_bytes,
+            bytes_written=wire_bytes,
             transfer_seconds=elapsed,
             prefill=self._ref(),
             decode=info.decode,
@@ -257,6 +264,20 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             await anyio.sleep(faults.delay_transfer_result)
         if not faults.drop_transfer_result:
             await context.write(ppb.PrefillEvent(result=result))
+
+    async def _stage(self, job: Job, pages: range, last_page_tokens: int | None) -> None:
+        """nvfp4: quantize these KV pages into their staging slots, off the event loop.
+
+        Not abandoned on cancel: the thread finishes before the caller's finally can free
+        the pages it reads. ``last_page_tokens`` counts the prompt's tokens in the last page
+        of ``pages`` when that page is the prompt's last (its tail is zeroed on the wire).
+        """
+        wire = self.member.wire
+        if wire.staged and len(pages):
+            src = [job.pages[i] for i in pages]
+            with span("kv quantize", attributes={"pdmesh.kv.pages": len(src),
+                                                 "pdmesh.kv.format": wire.name}):
+                await anyio.to_thread.run_sync(wire.pack, src, last_page_tokens)
 
     def _write(self, job: Job, pages: range, dst: list[int], notif: bytes | None):
         src = [job.pages[i] for i in pages]

@@ -1,5 +1,9 @@
 """Pick a (prefill, decode) pair for a request: least loaded, layouts that match.
 
+A layout includes the KV transfer format (native | nvfp4): a prefill and a decode
+registered with different formats are never paired, and when no compatible pair
+is left the NoPair error says why each candidate pair was skipped.
+
 The router counts its own in-flight requests per member; membership comes
 from the bootstrap's Watch. Stubs are created lazily per member epoch, so a
 restarted member (new epoch) never receives calls on the old one's channel.
@@ -91,16 +95,21 @@ class Pairing:
         """
         best: tuple[int, int, str, str] | None = None
         pair: Pair | None = None
+        skipped: list[str] = []
         for p in self.reachable(cpb.PREFILL):
             for d in self.reachable(cpb.DECODE):
-                if layout_mismatch(p.member.layout, d.member.layout) is not None:
+                names = (p.member.name, d.member.name)
+                why = layout_mismatch(p.member.layout, d.member.layout, names)
+                if why is not None:
+                    skipped.append(why)
                     continue
                 avoided = (p.member.name in avoid) + (d.member.name in avoid)
                 score = (avoided, p.inflight + d.inflight, p.member.name, d.member.name)
                 if best is None or score < best:
                     best, pair = score, Pair(p, d)
         if pair is None:
-            raise NoPair("no reachable prefill/decode pair with matching KV layouts")
+            detail = f": {'; '.join(skipped[:4])}" if skipped else ""
+            raise NoPair(f"no reachable prefill/decode pair with matching KV layouts{detail}")
         return pair
 
     def can_serve(self) -> tuple[bool, str]:
