@@ -46,17 +46,38 @@ async def one(router: str, prompt: str, tokens: int) -> dict:
     }
 
 
-def colocated(model: str, device: str, prompts: list[str], tokens: int) -> list[list[int]]:
-    from libs.engine.engine import Engine
-    from libs.engine.generate import generate
+def colocated(model: str, device: str, prompts: list[str], tokens: int, dtype: str,
+              weights: str, kv_transfer: str) -> list[list[int]]:
+    """The same requests on one engine; with nvfp4 KV, the prompt's pages take the same
+    NVFP4 round trip the transfer gives them."""
+    import torch
+
+    from bench.nvfp4_kv_quality import prefill
+    from libs.engine.engine import DecodeSeq, Engine
     from libs.engine.kvpool import KvPool
     from libs.engine.loader import load_model
-    from libs.engine.sampling import SamplingParams
+    from libs.transfer.staging import KvWire
 
-    loaded = load_model(model, device=device)
-    engine = Engine(loaded.config, loaded.weights, KvPool(loaded.config, 256, 16, device=device))
-    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
-    return [generate(engine, loaded.tokenizer.encode(p), params) for p in prompts]
+    loaded = load_model(model, device=device, dtype=getattr(torch, dtype),
+                        weights_format=weights)
+    pool = KvPool(loaded.config, 256, 16, device=device, dtype=loaded.weights.dtype)
+    engine = Engine(loaded.config, loaded.weights, pool)
+    wire = KvWire("nvfp4", pool.tensor) if kv_transfer == "nvfp4" else None
+    out = []
+    for text in prompts:
+        prompt = loaded.tokenizer.encode(text)
+        pages = pool.alloc(pool.pages_for(len(prompt) + tokens))
+        logits = prefill(engine, prompt, pages, wire)
+        ids, pos = [], len(prompt)
+        while True:
+            ids.append(int(logits.argmax()))
+            if len(ids) == tokens:
+                break
+            logits = engine.decode_step([DecodeSeq(pages, pos, ids[-1])])[0]
+            pos += 1
+        pool.free(pages)
+        out.append(ids)
+    return out
 
 
 def main() -> int:
@@ -64,21 +85,29 @@ def main() -> int:
     parser.add_argument("--model", default="random:smollm2")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--weights", default="native", choices=["native", "nvfp4"])
+    parser.add_argument("--kv-transfer", default="native", choices=["native", "nvfp4"])
     parser.add_argument("--out", default="bench-results/gpu_mesh.json")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp())
-    mesh = start_mesh(tmp, model=args.model, device=args.device, timeout=300)
+    mesh = start_mesh(tmp, model=args.model, device=args.device, dtype=args.dtype, timeout=300,
+                      up_args=["--weights", args.weights, "--kv-transfer", args.kv_transfer])
     try:
         runs = [anyio.run(one, mesh.router, p, args.tokens) for p in PROMPTS]
         status = wait_quiet(mesh, 2.0)
     finally:
         mesh.stop()
         print(mesh.log()[-2500:])
-    local = colocated(args.model, args.device, PROMPTS, args.tokens)
+    local = colocated(args.model, args.device, PROMPTS, args.tokens, args.dtype, args.weights,
+                      args.kv_transfer)
     equal = [r["ids"] == ids for r, ids in zip(runs, local, strict=True)]
     result = {
         "model": args.model,
         "device": args.device,
+        "dtype": args.dtype,
+        "weights": args.weights,
+        "kv_transfer": args.kv_transfer,
         "tokens": args.tokens,
         "greedy_equal_colocated": equal,
         "ttft_s": [r["ttft_s"] for r in runs],
