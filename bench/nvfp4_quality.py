@@ -17,12 +17,12 @@ functions in VARIANTS; `teacher_forced` does the scoring for an engine and takes
 `after_prefill(engine, pages, n_prompt)` hook, which is where an NVFP4 KV mode plugs in
 (round-trip the prompt's KV pages, as a transfer would, before the decode steps):
 
-    VARIANTS["kv-nvfp4"] = lambda args, base: ("...", partial(teacher_forced, base, hook))
-
-Built in: `weights-nvfp4` (`--weights nvfp4`: the same fp32 weights, layer linears quantized
-to NVFP4, dense copies in --dtype), and two for context: `native-float32` (the baseline's
-weights computing in fp32, i.e. how far bf16 itself is from fp32) and `int4-g16` (the same
-linears through a plain 4-bit format, to tell NVFP4's cost from 4 bits' cost on this model).
+Built in: `kv-nvfp4` (`--kv-transfer nvfp4`: the prompt's KV pages through the NVFP4 page
+round trip after the prefill), `weights-nvfp4` (`--weights nvfp4`: the same fp32 weights,
+layer linears quantized to NVFP4, dense copies in --dtype), and two for context: `native-
+float32` (the baseline's weights computing in fp32, i.e. how far bf16 itself is from fp32)
+and `int4-g16` (the same linears through a plain 4-bit format, to tell NVFP4's cost from 4
+bits' cost on this model).
 """
 
 from __future__ import annotations
@@ -182,8 +182,27 @@ def int4_g16(args: argparse.Namespace, base: Engine) -> tuple[str, Variant]:
             f"{args.dtype} compute", partial(teacher_forced, engine))
 
 
+def kv_nvfp4(args: argparse.Namespace, base: Engine) -> tuple[str, Variant]:
+    """`--kv-transfer nvfp4`: the baseline engine, whose prompt KV pages take the NVFP4 page
+    round trip of the transfer (libs/transfer/staging.KvWire) between prefill and decode.
+    The first token comes from the prefill's native KV, as on the prefill."""
+    from libs.transfer.staging import KvWire
+
+    wire = KvWire("nvfp4", base.pool.tensor)
+
+    def round_trip(engine: Engine, pages: list[int], n_prompt: int) -> None:
+        prompt_pages = pages[: engine.pool.pages_for(n_prompt)]
+        wire.pack(prompt_pages, n_prompt - (len(prompt_pages) - 1) * engine.pool.page_size)
+        wire.unpack(prompt_pages)
+
+    return (f"--kv-transfer nvfp4: native weights, the prompt's KV pages quantized to NVFP4 "
+            f"and back as the transfer does, {args.dtype} compute",
+            partial(teacher_forced, base, after_prefill=round_trip))
+
+
 VARIANTS: dict[str, Callable[[argparse.Namespace, Engine], tuple[str, Variant]]] = {
     "weights-nvfp4": weights_nvfp4,
+    "kv-nvfp4": kv_nvfp4,
     "native-float32": native_float32,
     "int4-g16": int4_g16,
 }
