@@ -56,44 +56,39 @@ _DECODE = {torch.bfloat16: (117, 9), torch.float16: (7, 7)}
 
 # PTX for four bytes b0..b3 -> the low-nibble weights of (b0, b1) and (b2, b3) as packed
 # 16-bit pairs ($0, $1), and the high-nibble weights likewise ($2, $3), each times its
-# block scale ($5 holds the scales of b0, b1; $6 of b2, b3). prmt spreads two bytes into
-# the two halves of a register, so one shift and mask places both codes of a pair.
-# bf16: a code's magnitude goes to bits 6-8 of its half, fp16: 9-11; the sign to bit 15.
-# One multiply by the scale pair, then the signs are xor-ed in (exact: a sign flip).
+# block scale ($5 holds the scales of b0, b1; $6 of b2, b3). 17 instructions per 8 weights.
+# prmt spreads two bytes into the two halves of a register and fills each half's upper byte
+# with copies of the byte's bit 7 (prmt's sign-replicate selector, 8 + byte index): bit 7 is
+# the high nibble's sign, so after one shift that puts the nibble's magnitude (byte bits
+# 4-6) at bits 6-8 (bf16) or 9-11 (fp16) a copy of its sign sits at bit 15, and one mask
+# keeps exactly magnitude and sign. For the low nibbles the same runs on the word shifted
+# left by 4, whose byte i has b_i's low nibble in bits 4-7. The multiply by the scale pair
+# then gives the signed products (a sign flip commutes with round-to-nearest), -0 included.
 _ASM = """
 {{
-.reg .b32 z, p, q, t, u;
+.reg .b32 z, w4, p;
 mov.b32 z, 0;
-prmt.b32 p, $4, z, 0x4140;
-prmt.b32 q, $4, z, 0x4342;
-shl.b32 t, p, {lo};
-and.b32 t, t, {mask};
-mul.rn.{ty}x2 t, t, $5;
-shl.b32 u, p, 12;
-and.b32 u, u, 0x80008000;
-xor.b32 $0, t, u;
-shl.b32 t, q, {lo};
-and.b32 t, t, {mask};
-mul.rn.{ty}x2 t, t, $6;
-shl.b32 u, q, 12;
-and.b32 u, u, 0x80008000;
-xor.b32 $1, t, u;
-shl.b32 t, p, {hi};
-and.b32 t, t, {mask};
-mul.rn.{ty}x2 t, t, $5;
-shl.b32 u, p, 8;
-and.b32 u, u, 0x80008000;
-xor.b32 $2, t, u;
-shl.b32 t, q, {hi};
-and.b32 t, t, {mask};
-mul.rn.{ty}x2 t, t, $6;
-shl.b32 u, q, 8;
-and.b32 u, u, 0x80008000;
-xor.b32 $3, t, u;
+shl.b32 w4, $4, 4;
+prmt.b32 p, w4, z, 0x9180;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $0, p, $5;
+prmt.b32 p, w4, z, 0xB3A2;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $1, p, $6;
+prmt.b32 p, $4, z, 0x9180;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $2, p, $5;
+prmt.b32 p, $4, z, 0xB3A2;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $3, p, $6;
 }}
 """
-_ASM_BF16 = tl.constexpr(_ASM.format(lo=6, hi=2, mask="0x01C001C0", ty="bf16"))
-_ASM_F16 = tl.constexpr(_ASM.format(lo=9, hi=5, mask="0x0E000E00", ty="f16"))
+_ASM_BF16 = tl.constexpr(_ASM.format(sh=2, mask="0x81C081C0", ty="bf16"))
+_ASM_F16 = tl.constexpr(_ASM.format(sh=5, mask="0x8E008E00", ty="f16"))
 
 
 @triton.jit
