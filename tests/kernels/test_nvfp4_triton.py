@@ -395,3 +395,35 @@ def test_errors_on_cuda():
                      bias=torch.zeros(8, device=CUDA, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="x is on cpu but the weight on cuda"):
         nvfp4_linear(torch.randn(2, 64), packed, scales, s2)
+
+
+# Tile configurations the benchmark's --tune compares (and pick_config may choose): each
+# must compute the layer within the same bound as test_linear_matches_reference.
+TUNE_CONFIGS = [
+    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=8),
+    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=6, SPLIT_K=8),
+    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, SPLIT_K=8),
+    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=4),
+    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=4, SPLIT_K=4),
+    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, SPLIT_K=2),
+    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, SPLIT_K=1),
+    dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, SPLIT_K=1),
+    dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, SPLIT_K=2),
+]
+
+
+@pytest.mark.parametrize("asm", [True, False])
+@pytest.mark.parametrize("cfg", TUNE_CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
+def test_linear_tile_configs(cfg, asm, _full_precision_reductions):
+    from libs.kernels.nvfp4 import linear_kernels as lk
+
+    n, k = 384, 2048
+    packed, scales, s2 = make_weight(n, k, torch.bfloat16, seed=7)
+    w = reference.dequantize(packed, scales, s2, torch.float32).double()
+    for m in (1, 16, 100):
+        x = torch.randn(m, k, device=CUDA, dtype=torch.bfloat16)
+        out = torch.full((m, n), float("nan"), device=CUDA, dtype=torch.bfloat16)
+        lk.launch(x, packed, scales, s2.to(CUDA), None, out, cfg, decode_asm=asm)
+        exact = x.double() @ w.T
+        mag = x.double().abs() @ w.abs().T
+        assert ((out.double() - exact).abs() <= (2.0**-8 + k * 2.0**-22) * mag + 1e-30).all()

@@ -319,6 +319,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
         EVEN_K=k == bk * k_iters * split, SCALE_LOG2=scale_log2, OUT_LOG2=out_log2,
         DECODE_ASM=cfg.get("DECODE_ASM", DECODE_ASM) if decode_asm is None else decode_asm,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
     )
     return out
 
