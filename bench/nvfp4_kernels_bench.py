@@ -226,12 +226,15 @@ def tune_configs(x, qs, n_fp4, reps, m, n, k):
                              name="bn128w4-split*2"))
         variants.append(dict(base, BLOCK_N=128, num_warps=4, SPLIT_K=s, name="bn128w4"))
         variants.append(dict(base, BLOCK_N=128, num_warps=8, SPLIT_K=s, name="bn128w8"))
+        variants.append(dict(base, X_PERMUTED=True, name="xperm"))
     else:
         variants.append(dict(base, SPLIT_K=max(1, base["SPLIT_K"] // 2), name="split/2"))
         variants.append(dict(base, SPLIT_K=base["SPLIT_K"] * 2, name="split*2"))
         variants.append(dict(base, BLOCK_N=64, num_warps=4, name="bn64w4"))
         variants.append(dict(base, BLOCK_M=256, name="bm256"))
         variants.append(dict(base, BLOCK_K=128, num_stages=2, name="bk128"))
+        variants.append(dict(base, X_PERMUTED=True, name="xperm"))
+        variants.append(dict(base, X_PERMUTED=True, num_stages=4, name="xperm-st4"))
     if n * k >= 4096 * 4096:
         asms = (True, False)
     out = []

@@ -153,6 +153,7 @@ def _linear_kernel(
     SCALE_LOG2: tl.constexpr,
     OUT_LOG2: tl.constexpr,
     DECODE_ASM: tl.constexpr,
+    X_PERMUTED: tl.constexpr,  # x already in the MMA's K order inside each BLOCK_K step
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -197,8 +198,9 @@ def _linear_kernel(
         # produces, so nothing is shuffled between the load and the tensor cores.
         w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 4, C, 2, 2))
         w = tl.reshape(tl.permute(w, (0, 2, 4, 1, 3)), (BLOCK_N, BLOCK_K))
-        xt = tl.reshape(xt, (BLOCK_M, 4, C, 2, 2))
-        xt = tl.reshape(tl.permute(xt, (0, 2, 4, 1, 3)), (BLOCK_M, BLOCK_K))
+        if not X_PERMUTED:  # else launch() permuted x once (permute_x), not every program
+            xt = tl.reshape(xt, (BLOCK_M, 4, C, 2, 2))
+            xt = tl.reshape(tl.permute(xt, (0, 2, 4, 1, 3)), (BLOCK_M, BLOCK_K))
         acc = tl.dot(w, tl.trans(xt), acc)
         w_ptrs += BKH
         s_ptrs += BKS
@@ -297,11 +299,23 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     return cfg
 
 
+def permute_x(x2: torch.Tensor, bk: int) -> torch.Tensor:
+    """x2 [M, K] with each BLOCK_K step put in the kernel's MMA K order (see the kernel:
+    position 4Cq + 4c + 2e + n of a step goes to 16c + 8n + 2q + e, C = BLOCK_K / 16), so
+    the programs feed x to the tensor cores straight from shared memory."""
+    m, k = x2.shape
+    c = bk // 16
+    return x2.view(m, k // bk, 4, c, 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(m, k)
+
+
 def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
     """Run the kernel on x2 [M, K] (unit stride along K) into out [M, N] with config cfg."""
     m, k = x2.shape
     n = packed.shape[0]
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
+    x_perm = bool(cfg.get("X_PERMUTED")) and k % bk == 0
+    if x_perm:
+        x2 = permute_x(x2, bk)
     k_iters = triton.cdiv(triton.cdiv(k, bk), split)
     grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), split)
     tiles = grid[0] * grid[1]
@@ -318,6 +332,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
         HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split,
         EVEN_K=k == bk * k_iters * split, SCALE_LOG2=scale_log2, OUT_LOG2=out_log2,
         DECODE_ASM=cfg.get("DECODE_ASM", DECODE_ASM) if decode_asm is None else decode_asm,
+        X_PERMUTED=x_perm,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
     )
