@@ -231,7 +231,6 @@ def tune_configs(x, qs, n_fp4, reps, m, n, k):
         variants.append(dict(base, SPLIT_K=max(1, base["SPLIT_K"] // 2), name="split/2"))
         variants.append(dict(base, SPLIT_K=base["SPLIT_K"] * 2, name="split*2"))
         variants.append(dict(base, BLOCK_N=64, num_warps=4, name="bn64w4"))
-        variants.append(dict(base, BLOCK_M=256, name="bm256"))
         variants.append(dict(base, BLOCK_K=128, num_stages=2, name="bk128"))
         variants.append(dict(base, X_PERMUTED=True, name="xperm"))
         variants.append(dict(base, X_PERMUTED=True, num_stages=4, name="xperm-st4"))
@@ -249,6 +248,8 @@ def tune_configs(x, qs, n_fp4, reps, m, n, k):
             try:
                 t = graph_time_ms([(lambda q=qs[i % n_fp4]: call(q)) for i in range(reps)])
                 out.append(dict(name=v["name"], asm=asm, cfg=cfg, us=t * 1e3))
+                print(f"tune [{n}x{k}] M={m}: {v['name']} asm={asm} {t * 1e3:.1f} us",
+                      flush=True)
             except Exception as e:  # a config that does not compile or fit is skipped
                 out.append(dict(name=v["name"], asm=asm, cfg=cfg, error=repr(e)[:200]))
     return out
