@@ -216,25 +216,23 @@ def tune_configs(x, qs, n_fp4, reps, m, n, k):
         asms = (True,)
     elif m <= 16:
         s = base["SPLIT_K"]
-        variants.append(dict(base, SPLIT_K=s * 2, name=f"split{s * 2}"))
-        variants.append(dict(base, BLOCK_K=64, SPLIT_K=s * 2, name="bk64-split*2"))
-        variants.append(dict(base, BLOCK_K=64, SPLIT_K=s * 2, num_stages=6,
-                             name="bk64-split*2-st6"))
-        variants.append(dict(base, BLOCK_N=128, BLOCK_K=64, num_warps=8, SPLIT_K=s * 2,
-                             name="bn128w8-bk64-split*2"))
-        variants.append(dict(base, BLOCK_N=128, num_warps=4, SPLIT_K=s * 2,
-                             name="bn128w4-split*2"))
-        variants.append(dict(base, BLOCK_N=128, num_warps=4, SPLIT_K=s, name="bn128w4"))
-        variants.append(dict(base, BLOCK_N=128, num_warps=8, SPLIT_K=s, name="bn128w8"))
-        variants.append(dict(base, X_PERMUTED=True, name="xperm"))
-    else:
-        variants.append(dict(base, SPLIT_K=max(1, base["SPLIT_K"] // 2), name="split/2"))
-        variants.append(dict(base, SPLIT_K=base["SPLIT_K"] * 2, name="split*2"))
-        variants.append(dict(base, BLOCK_N=64, num_warps=4, name="bn64w4"))
-        variants.append(dict(base, BLOCK_K=128, num_stages=2, name="bk128"))
-        variants.append(dict(base, X_PERMUTED=True, name="xperm"))
-        variants.append(dict(base, X_PERMUTED=True, num_stages=4, name="xperm-st4"))
-    if n * k >= 4096 * 4096:
+        asms = (True,)
+        g = dict(base, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4)
+        variants.append(dict(base, K_INTERLEAVE=True, name="interleave"))
+        variants.append(dict(g, SPLIT_K=s * 2, K_INTERLEAVE=True, name="split*2-interleave"))
+        variants.append(dict(g, BLOCK_K=64, SPLIT_K=s * 2, name="bk64-split*2"))
+        variants.append(dict(g, BLOCK_K=64, SPLIT_K=s * 2, K_INTERLEAVE=True,
+                             name="bk64-split*2-interleave"))
+        variants.append(dict(g, BLOCK_N=64, BLOCK_K=256, num_stages=3, name="bn64-bk256"))
+        variants.append(dict(g, BLOCK_N=64, BLOCK_K=256, num_stages=3, K_INTERLEAVE=True,
+                             name="bn64-bk256-interleave"))
+        variants.append(dict(g, BLOCK_N=256, num_warps=8, name="bn256w8"))
+        variants.append(dict(g, BLOCK_K=256, num_warps=8, num_stages=3, SPLIT_K=max(1, s // 2),
+                             name="bn128w8-bk256"))
+        variants.append(dict(g, BLOCK_N=64, name="bn64"))
+        variants.append(dict(g, BLOCK_N=64, K_INTERLEAVE=True,
+                             name="bn64-interleave"))
+    if n * k >= 4096 * 4096 and m > 16:
         asms = (True, False)
     out = []
     for v in variants:

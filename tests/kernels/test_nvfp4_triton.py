@@ -411,8 +411,18 @@ TUNE_CONFIGS = [
     dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, SPLIT_K=2),
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=4,
          X_PERMUTED=True),
-    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, SPLIT_K=1,
+    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, SPLIT_K=1,
          X_PERMUTED=True),
+    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=8,
+         K_INTERLEAVE=True),
+    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, SPLIT_K=8,
+         K_INTERLEAVE=True),
+    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3, SPLIT_K=4,
+         K_INTERLEAVE=True),
+    dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=4, SPLIT_K=4),
+    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=3, SPLIT_K=2),
+    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, SPLIT_K=4,
+         K_INTERLEAVE=True, X_PERMUTED=True),
 ]
 
 
@@ -421,10 +431,9 @@ TUNE_CONFIGS = [
 def test_linear_tile_configs(cfg, asm, _full_precision_reductions):
     from libs.kernels.nvfp4 import linear_kernels as lk
 
-    n, k = 384, 2048
-    packed, scales, s2 = make_weight(n, k, torch.bfloat16, seed=7)
-    w = reference.dequantize(packed, scales, s2, torch.float32).double()
-    for m in (1, 16, 100):
+    for n, k, m in ((384, 2048, 1), (384, 2048, 16), (384, 2048, 100), (200, 2064, 3)):
+        packed, scales, s2 = make_weight(n, k, torch.bfloat16, seed=7)
+        w = reference.dequantize(packed, scales, s2, torch.float32).double()
         x = torch.randn(m, k, device=CUDA, dtype=torch.bfloat16)
         out = torch.full((m, n), float("nan"), device=CUDA, dtype=torch.bfloat16)
         lk.launch(x, packed, scales, s2.to(CUDA), None, out, cfg, decode_asm=asm)

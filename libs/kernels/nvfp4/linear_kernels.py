@@ -154,6 +154,7 @@ def _linear_kernel(
     OUT_LOG2: tl.constexpr,
     DECODE_ASM: tl.constexpr,
     X_PERMUTED: tl.constexpr,  # x already in the MMA's K order inside each BLOCK_K step
+    K_INTERLEAVE: tl.constexpr,  # split programs take interleaved K steps
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -165,7 +166,15 @@ def _linear_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok = (offs_n < N)[:, None]
     m_ok = (offs_m < M)[:, None]
-    k_begin = pid_k * k_iters * BLOCK_K
+    # K steps of this split: a contiguous range, or (K_INTERLEAVE) every SPLIT_K-th step, so
+    # the split programs of a tile read neighbouring chunks of each weight row at about the
+    # same time (longer runs per DRAM row than one 64-byte chunk per row per program).
+    if K_INTERLEAVE:
+        k_begin = pid_k * BLOCK_K
+        K_STEP: tl.constexpr = SPLIT_K * BLOCK_K
+    else:
+        k_begin = pid_k * k_iters * BLOCK_K
+        K_STEP: tl.constexpr = BLOCK_K
     kh = tl.arange(0, BKH)
     ks = tl.arange(0, BKS)
     kk = tl.arange(0, BLOCK_K)
@@ -181,7 +190,7 @@ def _linear_kernel(
             sc = tl.load(s_ptrs, mask=n_ok, other=0)
             xt = tl.load(x_ptrs, mask=m_ok, other=0.0)
         else:
-            k0 = k_begin + i * BLOCK_K
+            k0 = k_begin + i * K_STEP
             wb = tl.load(w_ptrs, mask=n_ok & ((k0 + 2 * kh) < K)[None, :], other=0)
             sc = tl.load(s_ptrs, mask=n_ok & ((k0 + 16 * ks) < K)[None, :], other=0)
             xt = tl.load(x_ptrs, mask=m_ok & ((k0 + kk) < K)[None, :], other=0.0)
@@ -202,9 +211,9 @@ def _linear_kernel(
             xt = tl.reshape(xt, (BLOCK_M, 4, C, 2, 2))
             xt = tl.reshape(tl.permute(xt, (0, 2, 4, 1, 3)), (BLOCK_M, BLOCK_K))
         acc = tl.dot(w, tl.trans(xt), acc)
-        w_ptrs += BKH
-        s_ptrs += BKS
-        x_ptrs += BLOCK_K
+        w_ptrs += K_STEP // 2
+        s_ptrs += K_STEP // 16
+        x_ptrs += K_STEP
 
     if SPLIT_K == 1:
         _store_out(acc, offs_n, offs_m, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
@@ -271,17 +280,24 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     on two warpgroups; above M = 64 the plain Triton decode measured faster (Triton
     schedules it better around the MMAs).
     Small K (SmolLM2's 576) is latency-bound: 64-wide K steps and no split."""
+    big = n >= 2048 and k > 768  # a layer whose weights take many waves of tiles
+    per_sm = 6 if m <= 16 else 3  # the 8-warp tiles need fewer programs per SM
     if m <= 16:
         cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4,
                    DECODE_ASM=True)
         if k <= 768:
             cfg["BLOCK_K"] = 64
+        if big:  # 128 weight rows per warpgroup (two independent MMA chains), ~2 per SM
+            cfg["BLOCK_N"] = 128
+            per_sm = 2
     elif m <= 64:
         cfg = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
                    DECODE_ASM=True)
     else:
         cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
                    DECODE_ASM=False)
+        if big:  # x permuted once, read by the MMAs from shared memory; PTX decode
+            cfg.update(X_PERMUTED=True, num_stages=4, DECODE_ASM=True)
     # The masked K path (K not a multiple of BLOCK_K * SPLIT_K) loses the 16-byte loads and
     # measured 3.5x slower, so take the largest K step (down to 16, which always divides K)
     # that divides K, and only splits that divide the number of steps.
@@ -289,7 +305,6 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
         cfg["BLOCK_K"] //= 2
     tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
     k_steps = triton.cdiv(k, cfg["BLOCK_K"])
-    per_sm = 6 if m <= 16 else 3  # the 8-warp tiles need fewer programs per SM
     split_k = 1
     if k > 768:
         while (tiles * split_k * 2 <= per_sm * sms and k_steps // (split_k * 2) >= 2
@@ -332,7 +347,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
         HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split,
         EVEN_K=k == bk * k_iters * split, SCALE_LOG2=scale_log2, OUT_LOG2=out_log2,
         DECODE_ASM=cfg.get("DECODE_ASM", DECODE_ASM) if decode_asm is None else decode_asm,
-        X_PERMUTED=x_perm,
+        X_PERMUTED=x_perm, K_INTERLEAVE=bool(cfg.get("K_INTERLEAVE")) and split > 1,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
     )
