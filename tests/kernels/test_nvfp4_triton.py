@@ -440,3 +440,27 @@ def test_linear_tile_configs(cfg, asm, _full_precision_reductions):
         exact = x.double() @ w.T
         mag = x.double().abs() @ w.abs().T
         assert ((out.double() - exact).abs() <= (2.0**-8 + k * 2.0**-22) * mag + 1e-30).all()
+
+
+# Diagnostics (non-strict xfail): with fp16 activations, the M > 64 config used for bf16 on
+# long rows (x permuted once, PTX decode, 4 stages) failed test_linear_matches_reference's
+# bound on 4096 x 4096 at M = 256 on the H200; pick_config keeps fp16 off it. These report
+# (XFAIL / XPASS) which part of that config is at fault.
+@pytest.mark.xfail(strict=False, reason="fp16 + X_PERMUTED/asm at M=256: under investigation")
+@pytest.mark.parametrize("xperm", [True, False])
+@pytest.mark.parametrize("asm", [True, False])
+def test_linear_fp16_large_m_configs(xperm, asm, _full_precision_reductions):
+    from libs.kernels.nvfp4 import linear_kernels as lk
+
+    n, k, m = 4096, 4096, 256
+    packed, scales, s2 = make_weight(n, k, torch.float16, seed=n + k)
+    w = reference.dequantize(packed, scales, s2, torch.float32).double()
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.float16).to(CUDA)
+    cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, SPLIT_K=4,
+               X_PERMUTED=xperm)
+    out = torch.full((m, n), float("nan"), device=CUDA, dtype=torch.float16)
+    lk.launch(x, packed, scales, s2.to(CUDA), None, out, cfg, decode_asm=asm)
+    exact = x.double() @ w.T
+    mag = x.double().abs() @ w.abs().T
+    bad = (out.double() - exact).abs() > (2.0**-11 + k * 2.0**-22) * mag + 1e-30
+    assert not bad.any(), (int(bad.sum()), ((out.double() - exact).abs() / mag)[bad].max().item())
