@@ -29,9 +29,12 @@ each step (identically for W and x, see the kernel) so that each thread's fragme
 contiguous 16-byte run of a weight row and each fragment register is one decoded pair.
 
 Speed on an H200 (bench/nvfp4_kernels_bench.py, CUDA graphs, weights streamed from HBM):
-M = 1 on 8192 x 28672 runs in 64 us against 119 us for torch's bf16 GEMV (1.9x; the bytes
-allow 3.56x); ncu: 62% issue utilisation at 14 warps per SM, DRAM 43% busy, so the decode
-(~4.7 instructions per weight in total) and latency, not HBM, bound it. M = 64 is ~1.1x
+M = 1 on 8192 x 28672 runs in 60 us against 111 us for torch's bf16 GEMV (1.85x; the bytes
+allow 3.56x). Earlier ncu (64 us version): 62% issue utilisation at 14 warps per SM, DRAM
+43% busy. Cutting the decode from 22 to 17 instructions per 8 weights (loop 304 -> 264
+SASS per 64 weights) gained only ~1%, and many tile/split/stage variants all land at
+59.5-63 us, so the per-step latency of this structure (barriers, the synchronous wgmma
+chain), not the instruction count, bounds it now. M = 64 is ~1.1x
 and M = 256 ~0.55x of torch: there the decode competes with the tensor cores. SmolLM2's
 576-wide layers are launch/latency-bound (5.5 us vs 3.6 us for torch).
 
@@ -153,7 +156,7 @@ def _linear_kernel(
     SCALE_LOG2: tl.constexpr,
     OUT_LOG2: tl.constexpr,
     DECODE_ASM: tl.constexpr,
-    X_PERMUTED: tl.constexpr,  # x already in the MMA's K order inside each BLOCK_K step
+    X_PERMUTED: tl.constexpr,  # x already in the MMA's K order (UNSAFE, see permute_x)
     K_INTERLEAVE: tl.constexpr,  # split programs take interleaved K steps
 ):
     pid_n = tl.program_id(0)
@@ -268,21 +271,21 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def pick_config(m: int, n: int, k: int, sms: int = 132,
-                dtype: torch.dtype = torch.bfloat16) -> dict:
+def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     """Tile sizes, split-K and decode for an [m, k] x [n, k]^T product: a heuristic from
     `python -m bench.nvfp4_kernels_bench --tune` on an H200 (see docs in that script).
 
     Each program decodes its weight tile in registers and waits for its tensor-core work
     before reusing them, so throughput comes from several programs per SM overlapping one
     another: K is split until there are about six programs per SM (three for the larger
-    8-warp tiles; at least two K steps each). Small M streams weights: 64-row tiles, a
-    16-wide token side, the inline-PTX decode. Larger M is tensor-core work: 128-row tiles
+    8-warp tiles; at least two K steps each). Small M streams weights: 64-row tiles (128
+    rows and ~2 programs per SM on layers with K >= 8192), a 16-wide token side, the
+    inline-PTX decode. Larger M is tensor-core work: 128-row tiles
     on two warpgroups; above M = 64 the plain Triton decode measured faster (Triton
     schedules it better around the MMAs).
     Small K (SmolLM2's 576) is latency-bound: 64-wide K steps and no split."""
-    # Layers with long rows (8192 x 28672 measured; 4096 x 4096 kept the older picks, which
-    # were as fast or faster there: 9.0 vs 9.4 us at M = 1, 34 vs 35 us at M = 256).
+    # Long rows: 128-row GEMV tiles measured 59.8 vs 62.4 us (64-row) on 8192 x 28672 at
+    # M = 1, but 9.4 vs 9.0 us on 4096 x 4096, which keeps 64-row tiles.
     big = n >= 2048 and k >= 8192
     per_sm = 6 if m <= 16 else 3  # the 8-warp tiles need fewer programs per SM
     if m <= 16:
@@ -299,11 +302,8 @@ def pick_config(m: int, n: int, k: int, sms: int = 132,
     else:
         cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
                    DECODE_ASM=False)
-        # x permuted once, read by the MMAs from shared memory; PTX decode. bf16 only: with
-        # fp16 this config failed test_linear_matches_reference's bound on 4096 x 4096 at
-        # M = 256 on the H200 (cause not found), so fp16 keeps the plain decode.
-        if big and dtype == torch.bfloat16:
-            cfg.update(X_PERMUTED=True, num_stages=4, DECODE_ASM=True)
+        # (X_PERMUTED with the PTX decode measured 280 vs 312 us here, but is unsafe: see
+        # permute_x. Not picked.)
     # The masked K path (K not a multiple of BLOCK_K * SPLIT_K) loses the 16-byte loads and
     # measured 3.5x slower, so take the largest K step (down to 16, which always divides K)
     # that divides K, and only splits that divide the number of steps.
@@ -323,7 +323,16 @@ def pick_config(m: int, n: int, k: int, sms: int = 132,
 def permute_x(x2: torch.Tensor, bk: int) -> torch.Tensor:
     """x2 [M, K] with each BLOCK_K step put in the kernel's MMA K order (see the kernel:
     position 4Cq + 4c + 2e + n of a step goes to 16c + 8n + 2q + e, C = BLOCK_K / 16), so
-    the programs feed x to the tensor cores straight from shared memory."""
+    the programs feed x to the tensor cores straight from shared memory.
+
+    UNSAFE with Triton 3.6, kept only as a benchmark variant: with x read by the MMAs from
+    the pipelined shared-memory buffer, Triton issues the step's wgmmas asynchronously and
+    waits only for `wgmma.wait_group 3` inside the loop (read in the SASS: `WARPGROUP.DEPBAR.LE
+    gsb0, 0x3`), while the next step's decode overwrites the registers that hold those
+    wgmmas' A operand (the decoded weights): undefined behaviour per the PTX ISA. On the
+    H200, fp16 with the PTX decode failed the linear's error bound at 4096 x 4096, M = 256
+    (tests: test_linear_fp16_large_m_configs); bf16 passed, by luck of timing. Without
+    X_PERMUTED every pick waits for all wgmmas (`DEPBAR.LE gsb0, 0x0`) before the loop goes on."""
     m, k = x2.shape
     c = bk // 16
     return x2.view(m, k // bk, 4, c, 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(m, k)
@@ -383,7 +392,7 @@ def linear(
     out = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
     if x2.shape[0] and n:
         s2 = s2.to(device=x.device, dtype=torch.float32)
-        cfg = pick_config(x2.shape[0], n, k, _sm_count(x.device), x.dtype)
+        cfg = pick_config(x2.shape[0], n, k, _sm_count(x.device))
         launch(x2, packed, scales, s2, bias, out, cfg)
     return out.reshape(*x.shape[:-1], n)
 
