@@ -35,6 +35,7 @@ from libs.kernels.nvfp4 import linear_kernels as lk
 from libs.kernels.nvfp4 import reference, triton_impl
 
 L2_FLUSH_BYTES = 192 * 2**20
+BASELINE = None  # --baseline: another linear_kernels module, timed beside the current one
 
 
 def graph_time_ms(calls, reps: int = 7) -> float:
@@ -184,6 +185,12 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool) -> list[str]:
             t_fp4 = graph_time_ms([
                 (lambda q=qs[i % n_fp4], x=x: triton_impl.linear(x, q[0], q[1], q[2], None))
                 for i in range(reps_per_graph)])
+            base_txt = ""
+            if BASELINE is not None:
+                t_base = graph_time_ms([
+                    (lambda q=qs[i % n_fp4], x=x: BASELINE.linear(x, q[0], q[1], q[2], None))
+                    for i in range(reps_per_graph)])
+                base_txt = f" {t_base * 1e3:8.1f} us (baseline) |"
             cfg = lk.pick_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
             gbs = (fp4_bytes + m * k * 2 + m * n * 2) / t_fp4 / 1e6
             entry = dict(shape=label, n=n, k=k, m=m, bf16_us=t_bf16 * 1e3, nvfp4_us=t_fp4 * 1e3,
@@ -192,7 +199,8 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool) -> list[str]:
                 entry["tune"] = tune_configs(x, qs, n_fp4, reps_per_graph, m, n, k)
             results["linear"].append(entry)
             rows.append(f"| {label} | {n}x{k} | {m:3d} | {t_bf16 * 1e3:8.1f} us "
-                        f"| {t_fp4 * 1e3:8.1f} us | {t_bf16 / t_fp4:5.2f}x | {gbs:6.0f} GB/s |")
+                        f"| {t_fp4 * 1e3:8.1f} us | {t_bf16 / t_fp4:5.2f}x | {gbs:6.0f} GB/s |"
+                        + base_txt)
         del ws, qs
         torch.cuda.empty_cache()
     return rows
@@ -207,25 +215,29 @@ def tune_configs(x, qs, n_fp4, reps, m, n, k):
         variants.append(dict(base, SPLIT_K=1, BLOCK_K=64, name="split1-bk64"))
         asms = (True,)
     elif m <= 16:
-        for split in sorted({max(1, base["SPLIT_K"] // 2), base["SPLIT_K"] * 2}):
-            variants.append(dict(base, SPLIT_K=split, name=f"split{split}"))
-        variants.append(dict(base, BLOCK_K=256, SPLIT_K=max(1, base["SPLIT_K"] // 2),
-                             name="bk256"))
-        variants.append(dict(base, num_stages=2, name="stages2"))
-        variants.append(dict(base, num_stages=5, name="stages5"))
-        variants.append(dict(base, BLOCK_N=128, num_warps=8, name="bn128"))
-    else:
-        variants.append(dict(base, SPLIT_K=max(1, base["SPLIT_K"] // 2), name="split/2"))
-        variants.append(dict(base, SPLIT_K=base["SPLIT_K"] * 2, name="split*2"))
-        variants.append(dict(base, BLOCK_N=64, num_warps=4, name="bn64w4"))
-        variants.append(dict(base, BLOCK_M=256, name="bm256"))
-        variants.append(dict(base, BLOCK_K=128, num_stages=2, name="bk128"))
-    if n * k >= 4096 * 4096:
+        s = base["SPLIT_K"]
+        asms = (True,)
+        g = dict(base, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4)
+        variants.append(dict(base, K_INTERLEAVE=True, name="interleave"))
+        variants.append(dict(g, SPLIT_K=s * 2, K_INTERLEAVE=True, name="split*2-interleave"))
+        variants.append(dict(g, BLOCK_K=64, SPLIT_K=s * 2, name="bk64-split*2"))
+        variants.append(dict(g, BLOCK_K=64, SPLIT_K=s * 2, K_INTERLEAVE=True,
+                             name="bk64-split*2-interleave"))
+        variants.append(dict(g, BLOCK_N=64, BLOCK_K=256, num_stages=3, name="bn64-bk256"))
+        variants.append(dict(g, BLOCK_N=64, BLOCK_K=256, num_stages=3, K_INTERLEAVE=True,
+                             name="bn64-bk256-interleave"))
+        variants.append(dict(g, BLOCK_N=256, num_warps=8, name="bn256w8"))
+        variants.append(dict(g, BLOCK_K=256, num_warps=8, num_stages=3, SPLIT_K=max(1, s // 2),
+                             name="bn128w8-bk256"))
+        variants.append(dict(g, BLOCK_N=64, name="bn64"))
+        variants.append(dict(g, BLOCK_N=64, K_INTERLEAVE=True,
+                             name="bn64-interleave"))
+    if n * k >= 4096 * 4096 and m > 16:
         asms = (True, False)
     out = []
     for v in variants:
         for asm in asms:
-            cfg = {key: v[key] for key in base if key != "DECODE_ASM"}
+            cfg = {key: v[key] for key in v if key not in ("DECODE_ASM", "name")}
 
             def call(q, cfg=cfg, asm=asm):
                 o = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -234,6 +246,8 @@ def tune_configs(x, qs, n_fp4, reps, m, n, k):
             try:
                 t = graph_time_ms([(lambda q=qs[i % n_fp4]: call(q)) for i in range(reps)])
                 out.append(dict(name=v["name"], asm=asm, cfg=cfg, us=t * 1e3))
+                print(f"tune [{n}x{k}] M={m}: {v['name']} asm={asm} {t * 1e3:.1f} us",
+                      flush=True)
             except Exception as e:  # a config that does not compile or fit is skipped
                 out.append(dict(name=v["name"], asm=asm, cfg=cfg, error=repr(e)[:200]))
     return out
@@ -245,6 +259,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="SmolLM2 and 4096^2 only")
     ap.add_argument("--tune", action="store_true", help="also time alternative configs")
     ap.add_argument("--stream-only", action="store_true", help="quantize/dequantize only")
+    ap.add_argument("--linear-only", action="store_true", help="skip quantize/dequantize")
+    ap.add_argument("--shapes", default="", help="comma list of smollm2,square,large")
+    ap.add_argument("--baseline", default="", help="another linear_kernels.py to time too")
     args = ap.parse_args(argv)
     import triton
 
@@ -256,12 +273,25 @@ def main(argv=None) -> int:
     t0 = time.time()
     copy_gbs = copy_bandwidth()
     results["copy_gbs"] = copy_gbs
-    stream_rows = stream_bench(copy_gbs, results, args.tune)
+    stream_rows = [] if args.linear_only else stream_bench(copy_gbs, results, args.tune)
+    global BASELINE
+    if args.baseline:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("libs.kernels.nvfp4._baseline_lk",
+                                                      args.baseline)
+        BASELINE = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(BASELINE)
     shapes = [("smollm2 q/o", 576, 576), ("smollm2 k/v", 192, 576),
               ("smollm2 gate/up", 1536, 576), ("smollm2 down", 576, 1536),
               ("square 4096", 4096, 4096)]
     if not args.quick:
         shapes.append(("large 8192x28672", 8192, 28672))
+    if args.shapes:
+        keep = args.shapes.split(",")
+        shapes = [sh for sh in [("smollm2 q/o", 576, 576), ("smollm2 k/v", 192, 576),
+                                ("smollm2 gate/up", 1536, 576), ("smollm2 down", 576, 1536),
+                                ("square 4096", 4096, 4096), ("large 8192x28672", 8192, 28672)]
+                  if sh[0].split()[0] in keep]
     if args.stream_only:
         shapes = []
     linear_rows = linear_bench(shapes, [1, 16, 64, 256], results, args.tune)

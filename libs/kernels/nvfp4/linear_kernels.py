@@ -29,9 +29,12 @@ each step (identically for W and x, see the kernel) so that each thread's fragme
 contiguous 16-byte run of a weight row and each fragment register is one decoded pair.
 
 Speed on an H200 (bench/nvfp4_kernels_bench.py, CUDA graphs, weights streamed from HBM):
-M = 1 on 8192 x 28672 runs in 64 us against 119 us for torch's bf16 GEMV (1.9x; the bytes
-allow 3.56x); ncu: 62% issue utilisation at 14 warps per SM, DRAM 43% busy, so the decode
-(~4.7 instructions per weight in total) and latency, not HBM, bound it. M = 64 is ~1.1x
+M = 1 on 8192 x 28672 runs in 60 us against 111 us for torch's bf16 GEMV (1.85x; the bytes
+allow 3.56x). Earlier ncu (64 us version): 62% issue utilisation at 14 warps per SM, DRAM
+43% busy. Cutting the decode from 22 to 17 instructions per 8 weights (loop 304 -> 264
+SASS per 64 weights) gained only ~1%, and many tile/split/stage variants all land at
+59.5-63 us, so the per-step latency of this structure (barriers, the synchronous wgmma
+chain), not the instruction count, bounds it now. M = 64 is ~1.1x
 and M = 256 ~0.55x of torch: there the decode competes with the tensor cores. SmolLM2's
 576-wide layers are launch/latency-bound (5.5 us vs 3.6 us for torch).
 
@@ -56,44 +59,39 @@ _DECODE = {torch.bfloat16: (117, 9), torch.float16: (7, 7)}
 
 # PTX for four bytes b0..b3 -> the low-nibble weights of (b0, b1) and (b2, b3) as packed
 # 16-bit pairs ($0, $1), and the high-nibble weights likewise ($2, $3), each times its
-# block scale ($5 holds the scales of b0, b1; $6 of b2, b3). prmt spreads two bytes into
-# the two halves of a register, so one shift and mask places both codes of a pair.
-# bf16: a code's magnitude goes to bits 6-8 of its half, fp16: 9-11; the sign to bit 15.
-# One multiply by the scale pair, then the signs are xor-ed in (exact: a sign flip).
+# block scale ($5 holds the scales of b0, b1; $6 of b2, b3). 17 instructions per 8 weights.
+# prmt spreads two bytes into the two halves of a register and fills each half's upper byte
+# with copies of the byte's bit 7 (prmt's sign-replicate selector, 8 + byte index): bit 7 is
+# the high nibble's sign, so after one shift that puts the nibble's magnitude (byte bits
+# 4-6) at bits 6-8 (bf16) or 9-11 (fp16) a copy of its sign sits at bit 15, and one mask
+# keeps exactly magnitude and sign. For the low nibbles the same runs on the word shifted
+# left by 4, whose byte i has b_i's low nibble in bits 4-7. The multiply by the scale pair
+# then gives the signed products (a sign flip commutes with round-to-nearest), -0 included.
 _ASM = """
 {{
-.reg .b32 z, p, q, t, u;
+.reg .b32 z, w4, p;
 mov.b32 z, 0;
-prmt.b32 p, $4, z, 0x4140;
-prmt.b32 q, $4, z, 0x4342;
-shl.b32 t, p, {lo};
-and.b32 t, t, {mask};
-mul.rn.{ty}x2 t, t, $5;
-shl.b32 u, p, 12;
-and.b32 u, u, 0x80008000;
-xor.b32 $0, t, u;
-shl.b32 t, q, {lo};
-and.b32 t, t, {mask};
-mul.rn.{ty}x2 t, t, $6;
-shl.b32 u, q, 12;
-and.b32 u, u, 0x80008000;
-xor.b32 $1, t, u;
-shl.b32 t, p, {hi};
-and.b32 t, t, {mask};
-mul.rn.{ty}x2 t, t, $5;
-shl.b32 u, p, 8;
-and.b32 u, u, 0x80008000;
-xor.b32 $2, t, u;
-shl.b32 t, q, {hi};
-and.b32 t, t, {mask};
-mul.rn.{ty}x2 t, t, $6;
-shl.b32 u, q, 8;
-and.b32 u, u, 0x80008000;
-xor.b32 $3, t, u;
+shl.b32 w4, $4, 4;
+prmt.b32 p, w4, z, 0x9180;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $0, p, $5;
+prmt.b32 p, w4, z, 0xB3A2;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $1, p, $6;
+prmt.b32 p, $4, z, 0x9180;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $2, p, $5;
+prmt.b32 p, $4, z, 0xB3A2;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $3, p, $6;
 }}
 """
-_ASM_BF16 = tl.constexpr(_ASM.format(lo=6, hi=2, mask="0x01C001C0", ty="bf16"))
-_ASM_F16 = tl.constexpr(_ASM.format(lo=9, hi=5, mask="0x0E000E00", ty="f16"))
+_ASM_BF16 = tl.constexpr(_ASM.format(sh=2, mask="0x81C081C0", ty="bf16"))
+_ASM_F16 = tl.constexpr(_ASM.format(sh=5, mask="0x8E008E00", ty="f16"))
 
 
 @triton.jit
@@ -158,6 +156,8 @@ def _linear_kernel(
     SCALE_LOG2: tl.constexpr,
     OUT_LOG2: tl.constexpr,
     DECODE_ASM: tl.constexpr,
+    X_PERMUTED: tl.constexpr,  # x already in the MMA's K order (UNSAFE, see permute_x)
+    K_INTERLEAVE: tl.constexpr,  # split programs take interleaved K steps
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -169,7 +169,15 @@ def _linear_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     n_ok = (offs_n < N)[:, None]
     m_ok = (offs_m < M)[:, None]
-    k_begin = pid_k * k_iters * BLOCK_K
+    # K steps of this split: a contiguous range, or (K_INTERLEAVE) every SPLIT_K-th step, so
+    # the split programs of a tile read neighbouring chunks of each weight row at about the
+    # same time (longer runs per DRAM row than one 64-byte chunk per row per program).
+    if K_INTERLEAVE:
+        k_begin = pid_k * BLOCK_K
+        K_STEP: tl.constexpr = SPLIT_K * BLOCK_K
+    else:
+        k_begin = pid_k * k_iters * BLOCK_K
+        K_STEP: tl.constexpr = BLOCK_K
     kh = tl.arange(0, BKH)
     ks = tl.arange(0, BKS)
     kk = tl.arange(0, BLOCK_K)
@@ -185,7 +193,7 @@ def _linear_kernel(
             sc = tl.load(s_ptrs, mask=n_ok, other=0)
             xt = tl.load(x_ptrs, mask=m_ok, other=0.0)
         else:
-            k0 = k_begin + i * BLOCK_K
+            k0 = k_begin + i * K_STEP
             wb = tl.load(w_ptrs, mask=n_ok & ((k0 + 2 * kh) < K)[None, :], other=0)
             sc = tl.load(s_ptrs, mask=n_ok & ((k0 + 16 * ks) < K)[None, :], other=0)
             xt = tl.load(x_ptrs, mask=m_ok & ((k0 + kk) < K)[None, :], other=0.0)
@@ -202,12 +210,13 @@ def _linear_kernel(
         # produces, so nothing is shuffled between the load and the tensor cores.
         w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 4, C, 2, 2))
         w = tl.reshape(tl.permute(w, (0, 2, 4, 1, 3)), (BLOCK_N, BLOCK_K))
-        xt = tl.reshape(xt, (BLOCK_M, 4, C, 2, 2))
-        xt = tl.reshape(tl.permute(xt, (0, 2, 4, 1, 3)), (BLOCK_M, BLOCK_K))
+        if not X_PERMUTED:  # else launch() permuted x once (permute_x), not every program
+            xt = tl.reshape(xt, (BLOCK_M, 4, C, 2, 2))
+            xt = tl.reshape(tl.permute(xt, (0, 2, 4, 1, 3)), (BLOCK_M, BLOCK_K))
         acc = tl.dot(w, tl.trans(xt), acc)
-        w_ptrs += BKH
-        s_ptrs += BKS
-        x_ptrs += BLOCK_K
+        w_ptrs += K_STEP // 2
+        s_ptrs += K_STEP // 16
+        x_ptrs += K_STEP
 
     if SPLIT_K == 1:
         _store_out(acc, offs_n, offs_m, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
@@ -269,22 +278,32 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     Each program decodes its weight tile in registers and waits for its tensor-core work
     before reusing them, so throughput comes from several programs per SM overlapping one
     another: K is split until there are about six programs per SM (three for the larger
-    8-warp tiles; at least two K steps each). Small M streams weights: 64-row tiles, a
-    16-wide token side, the inline-PTX decode. Larger M is tensor-core work: 128-row tiles
+    8-warp tiles; at least two K steps each). Small M streams weights: 64-row tiles (128
+    rows and ~2 programs per SM on layers with K >= 8192), a 16-wide token side, the
+    inline-PTX decode. Larger M is tensor-core work: 128-row tiles
     on two warpgroups; above M = 64 the plain Triton decode measured faster (Triton
     schedules it better around the MMAs).
     Small K (SmolLM2's 576) is latency-bound: 64-wide K steps and no split."""
+    # Long rows: 128-row GEMV tiles measured 59.8 vs 62.4 us (64-row) on 8192 x 28672 at
+    # M = 1, but 9.4 vs 9.0 us on 4096 x 4096, which keeps 64-row tiles.
+    big = n >= 2048 and k >= 8192
+    per_sm = 6 if m <= 16 else 3  # the 8-warp tiles need fewer programs per SM
     if m <= 16:
         cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4,
                    DECODE_ASM=True)
         if k <= 768:
             cfg["BLOCK_K"] = 64
+        if big:  # 128 weight rows per warpgroup (two independent MMA chains), ~2 per SM
+            cfg["BLOCK_N"] = 128
+            per_sm = 2
     elif m <= 64:
         cfg = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
                    DECODE_ASM=True)
     else:
         cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
                    DECODE_ASM=False)
+        # (X_PERMUTED with the PTX decode measured 280 vs 312 us here, but is unsafe: see
+        # permute_x. Not picked.)
     # The masked K path (K not a multiple of BLOCK_K * SPLIT_K) loses the 16-byte loads and
     # measured 3.5x slower, so take the largest K step (down to 16, which always divides K)
     # that divides K, and only splits that divide the number of steps.
@@ -292,7 +311,6 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
         cfg["BLOCK_K"] //= 2
     tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
     k_steps = triton.cdiv(k, cfg["BLOCK_K"])
-    per_sm = 6 if m <= 16 else 3  # the 8-warp tiles need fewer programs per SM
     split_k = 1
     if k > 768:
         while (tiles * split_k * 2 <= per_sm * sms and k_steps // (split_k * 2) >= 2
@@ -302,11 +320,32 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     return cfg
 
 
+def permute_x(x2: torch.Tensor, bk: int) -> torch.Tensor:
+    """x2 [M, K] with each BLOCK_K step put in the kernel's MMA K order (see the kernel:
+    position 4Cq + 4c + 2e + n of a step goes to 16c + 8n + 2q + e, C = BLOCK_K / 16), so
+    the programs feed x to the tensor cores straight from shared memory.
+
+    UNSAFE with Triton 3.6, kept only as a benchmark variant: with x read by the MMAs from
+    the pipelined shared-memory buffer, Triton issues the step's wgmmas asynchronously and
+    waits only for `wgmma.wait_group 3` inside the loop (read in the SASS: `WARPGROUP.DEPBAR.LE
+    gsb0, 0x3`), while the next step's decode overwrites the registers that hold those
+    wgmmas' A operand (the decoded weights): undefined behaviour per the PTX ISA. On the
+    H200, fp16 with the PTX decode failed the linear's error bound at 4096 x 4096, M = 256
+    (tests: test_linear_fp16_large_m_configs); bf16 passed, by luck of timing. Without
+    X_PERMUTED every pick waits for all wgmmas (`DEPBAR.LE gsb0, 0x0`) before the loop goes on."""
+    m, k = x2.shape
+    c = bk // 16
+    return x2.view(m, k // bk, 4, c, 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(m, k)
+
+
 def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
     """Run the kernel on x2 [M, K] (unit stride along K) into out [M, N] with config cfg."""
     m, k = x2.shape
     n = packed.shape[0]
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
+    x_perm = bool(cfg.get("X_PERMUTED")) and k % bk == 0
+    if x_perm:
+        x2 = permute_x(x2, bk)
     k_iters = triton.cdiv(triton.cdiv(k, bk), split)
     grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), split)
     tiles = grid[0] * grid[1]
@@ -323,7 +362,9 @@ def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
         HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split,
         EVEN_K=k == bk * k_iters * split, SCALE_LOG2=scale_log2, OUT_LOG2=out_log2,
         DECODE_ASM=cfg.get("DECODE_ASM", DECODE_ASM) if decode_asm is None else decode_asm,
+        X_PERMUTED=x_perm, K_INTERLEAVE=bool(cfg.get("K_INTERLEAVE")) and split > 1,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
     )
     return out
 
