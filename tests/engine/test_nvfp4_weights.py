@@ -462,25 +462,44 @@ def _device_pair(config: ModelConfig, dtype: torch.dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize(
     "config", [ModelConfig.tiny(), ModelConfig.smollm2()], ids=["tiny", "smollm2"]
 )
-def test_cuda_nvfp4_engine_matches_cpu(config, dtype):
+def test_cuda_nvfp4_engine_matches_cpu_in_fp32(config):
     """Same NVFP4 bits (quantized once, on CPU) on both devices. On CUDA the weights stay
-    packed and every linear is nvfp4_linear (Triton when present); on CPU it is the dense copy.
-    The kernel may multiply on bf16 tensor cores, so logits get a bf16-level tolerance; greedy
-    tokens of these peaked random models must be identical."""
+    packed and every linear is nvfp4_linear; in fp32 that is the Triton dequantize and
+    torch's matmul, so the logits agree to fp32 noise and greedy tokens are identical."""
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        cpu, gpu = _device_pair(config, dtype)
+        cpu, gpu = _device_pair(config, torch.float32)
         assert all(getattr(lw, f).dense is None for lw in gpu.weights.layers for f in LINEARS)
         prompt = _prompt(config, 45)
         lc, lg = _logits(cpu, prompt, steps=3), _logits(gpu, prompt, steps=3)
-        tol = 2e-2 if dtype == torch.float32 else 1e-1
-        torch.testing.assert_close(lg.cpu(), lc, atol=tol, rtol=tol)
+        torch.testing.assert_close(lg.cpu(), lc, atol=2e-2, rtol=2e-2)
         params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
         assert generate(gpu, prompt, params, chunk_size=20) == generate(cpu, prompt, params)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "config", [ModelConfig.tiny(), ModelConfig.smollm2()], ids=["tiny", "smollm2"]
+)
+def test_cuda_bf16_nvfp4_engine_is_as_close_to_fp32_as_the_cpu_one(config):
+    """In bf16 the CUDA engine runs the Triton kernel (weights decoded in registers, bf16
+    tensor cores, fp32 accumulation) and the CPU engine a bf16 dense copy: they round
+    differently, and over 30 random layers neither is "the" answer. What must hold: the
+    CUDA engine is no further from the same NVFP4 model computed in fp32 than the CPU bf16
+    engine is (a wrong scale, nibble or tile would be far further)."""
+    truth = _logits(_device_pair(config, torch.float32)[0], _prompt(config, 45), steps=0)[0]
+    cpu, gpu = _device_pair(config, torch.bfloat16)
+    prompt = _prompt(config, 45)
+    lc = _logits(cpu, prompt, steps=0)[0]
+    lg = _logits(gpu, prompt, steps=0)[0].cpu()
+    err_cpu = ((lc - truth).norm() / truth.norm()).item()
+    err_gpu = ((lg - truth).norm() / truth.norm()).item()
+    print(f"{config.name}: relative error vs fp32, cpu bf16 {err_cpu:.4f}, cuda bf16 {err_gpu:.4f}")
+    assert err_gpu <= 1.5 * err_cpu + 1e-3, (err_cpu, err_gpu)
