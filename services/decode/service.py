@@ -74,6 +74,7 @@ class Slot:
     released: anyio.Event = field(default_factory=anyio.Event)
     stage: str = "queued"  # for traces: queued | transfer | decode
     abort_stage: str = ""  # the request's stage as the Abort's sender saw it
+    writer_fenced: bool = False  # an Abort said the writer released: no write can land
 
 
 @dataclass
@@ -274,7 +275,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             self.batcher.cancel(seq)
             await seq.released.wait()
         self.slots.pop(slot.key, None)
-        if slot.ready is None:
+        if slot.ready is None and not slot.writer_fenced:
             # KvReady never came: a write may still land in these pages.
             self.quarantine[slot.key] = slot
             log.info("room %s: %d pages quarantined until fenced", slot.key, len(slot.pages))
@@ -411,6 +412,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             slot.abort_reason = reason
             slot.abort_stage = request.stage
         slot.room.fail(reason, time.monotonic())
+        slot.writer_fenced |= request.writer_fenced  # its release then frees, not quarantines
         slot.scope.cancel()
         if request.writer_fenced and key in self.quarantine:
             self._free(slot)

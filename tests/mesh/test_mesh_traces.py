@@ -97,6 +97,8 @@ async def test_a_client_disconnect_ends_every_touched_span_as_an_abort(
         assert transfer["status"] == ERROR and "cancelled" in transfer["events"], transfer
     abort = by_service(spans, "pdmesh-router", "abort")
     assert abort["events"].count("AbortAck") >= 1
+    # the prefill acknowledged its writes fenced, so the decode frees at once: no quarantine
+    assert "released" in by_service(spans, "pdmesh-decode", "decode")["events"]
     await anyio.to_thread.run_sync(wait_quiet, mesh, 3.0)
 
 
