@@ -93,7 +93,9 @@ async def collect(bootstrap: str, timeout: float = 3.0) -> dict:
 
 
 def render(status: dict) -> str:
-    lines = [f"bootstrap {status['bootstrap']['address']}: {len(status['members'])} members"]
+    boot = status["bootstrap"]
+    metrics = f" (metrics {boot['metrics']})" if boot.get("metrics") else ""
+    lines = [f"bootstrap {boot['address']}{metrics}: {len(status['members'])} members"]
     header = f"{'ROLE':8} {'NAME':20} {'HEALTHY':7} {'INFLIGHT':8} {'KV PAGES':13} {'FAILED':6} "
     lines.append(header + "ABORTS  ROOMS")
     for m in status["members"]:
