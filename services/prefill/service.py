@@ -178,8 +178,11 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
                 job.room.fail(cause, time.monotonic())
                 self.counters.aborts[cause.value] += 1  # once per request that ended early
                 mark_aborted(server_span, cause.value, job.abort_stage or job.stage)
-            with anyio.move_on_after(FENCE_SECONDS + 1, shield=True):
+            with anyio.move_on_after(FENCE_SECONDS + 1, shield=True) as bounded:
                 await self._release(job)
+            if bounded.cancelled_caught:
+                log.error("room %s: release cut short; %d pages and the room kept",
+                          job.key, len(job.pages))
             server_span.add_event("released", {"pdmesh.kv.pages": len(job.pages)})
 
     async def _run(self, job: Job, tokens, sampling, info: cpb.TransferInfo, context) -> None:
@@ -297,8 +300,9 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         problem to report, ours is never to reuse a page that may be read.
         """
         fenced = True
-        for transfer in job.transfers:
-            fenced &= await fence(transfer, FENCE_SECONDS)
+        deadline = time.monotonic() + FENCE_SECONDS  # one budget for all: the caller's
+        for transfer in job.transfers:  # bound must never cut the bookkeeping below short
+            fenced &= await fence(transfer, max(0.0, deadline - time.monotonic()))
         if fenced:
             self.member.pool.free(job.pages)
         else:

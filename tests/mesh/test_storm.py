@@ -83,9 +83,12 @@ def test_restart_storm_kills_and_recovers_one_role(tmp_path):
     target = "decode"
     mesh = start_mesh(tmp_path, model="tiny", extra_env={"OMP_WAIT_POLICY": "PASSIVE"})
     try:
-        result = storm(mesh, tmp_path / "restart.json", "--mode", "restart",
-                       "--target", target, "--restarts", "2", "--concurrency", "4",
-                       "--interval", "1", "--settle", "4")
+        try:
+            result = storm(mesh, tmp_path / "restart.json", "--mode", "restart",
+                           "--target", target, "--restarts", "2", "--concurrency", "4",
+                           "--interval", "1", "--settle", "4")
+        except AssertionError as e:  # the members' own account of what they still hold
+            raise AssertionError(f"{e}\nmesh log:\n{mesh.log()[-8000:]}") from None
         log = mesh.log()
     finally:
         mesh.stop()
