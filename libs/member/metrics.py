@@ -55,10 +55,16 @@ class MemberMetrics:
         return generate_latest(self.registry)
 
     def app(self) -> Starlette:
-        async def metrics(request) -> Response:
-            return Response(self.text(), media_type=PROMETHEUS_MEDIA_TYPE)
+        return metrics_app(self.registry)
 
-        return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+
+def metrics_app(registry: CollectorRegistry) -> Starlette:
+    """GET /metrics: the registry in Prometheus text format (members and the bootstrap)."""
+
+    async def metrics(request) -> Response:
+        return Response(generate_latest(registry), media_type=PROMETHEUS_MEDIA_TYPE)
+
+    return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
 
 
 class _StatsCollector:

@@ -3,13 +3,11 @@ the spans this process could not deliver. Read from the registry at scrape time.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from starlette.applications import Starlette
-from starlette.responses import Response
-from starlette.routing import Route
 
-from libs.member.metrics import PROMETHEUS_MEDIA_TYPE
+from libs.member.metrics import metrics_app
 from libs.tracing.metrics import SpanLossCollector
 from pdmesh.v1 import common_pb2 as cpb
 from services.bootstrap.registry import Registry
@@ -25,10 +23,7 @@ class BootstrapMetrics:
         self.prometheus.register(SpanLossCollector(labels))
 
     def app(self) -> Starlette:
-        async def metrics(request) -> Response:
-            return Response(generate_latest(self.prometheus), media_type=PROMETHEUS_MEDIA_TYPE)
-
-        return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+        return metrics_app(self.prometheus)
 
 
 class _RegistryCollector:
