@@ -36,11 +36,22 @@ class Transfer:
         self.bytes = size
         self.descriptors = descs
         self.released = False
+        self.error = ""  # why the backend ended it in ERR, when it said
 
     def poll(self) -> str:
-        """``"PROC"``, ``"DONE"`` or ``"ERR"``."""
+        """``"PROC"``, ``"DONE"`` or ``"ERR"``; never raises.
+
+        NIXL reports some failures by raising instead of answering ERR (a peer killed
+        while a write is in flight raises NIXL_ERR_REMOTE_DISCONNECT). Both mean the same
+        to the caller, so both are ERR here: an exception escaping a poll once skipped a
+        prefill's release and kept the room and its pages forever.
+        """
         if self._state == "PROC" and not self.released:
-            self._state = self._agent.check_xfer_state(self._handle)
+            try:
+                self._state = self._agent.check_xfer_state(self._handle)
+            except NIXL_ERRORS as exc:
+                self._state = "ERR"
+                self.error = f"{type(exc).__name__}: {exc}"
         return self._state
 
     def release(self) -> bool:
@@ -189,8 +200,17 @@ class KvAgent:
         return Transfer(handle, self._agent, first, size, len(runs))
 
     def get_notifs(self) -> list[tuple[str, bytes]]:
-        """New notifications since the last call, as (peer agent name, message)."""
-        notifs = self._agent.get_new_notifs()
+        """New notifications since the last call, as (peer agent name, message).
+
+        A NIXL error here (a peer vanishing mid-progress) yields none: the caller is the
+        decode's one notification loop, which must outlive any peer; the rooms waiting on
+        that peer fail by membership or deadline.
+        """
+        try:
+            notifs = self._agent.get_new_notifs()
+        except NIXL_ERRORS as exc:
+            log.warning("get_new_notifs failed: %s: %s", type(exc).__name__, exc)
+            return []
         return [(peer, msg) for peer, msgs in notifs.items() for msg in msgs]
 
     def close(self) -> None:

@@ -27,7 +27,7 @@ async def wait(transfer: Transfer, deadline: float) -> None:
         if state == "DONE":
             return
         if state == "ERR":
-            raise TransferFailed("backend reported ERR")
+            raise TransferFailed(transfer.error or "backend reported ERR")
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TransferTimeout(f"transfer of {transfer.bytes} bytes still in progress")

@@ -299,18 +299,21 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         can hold another request's KV; the deadline on the fence is the peer's
         problem to report, ours is never to reuse a page that may be read.
         """
-        fenced = True
+        fenced = False
         deadline = time.monotonic() + FENCE_SECONDS  # one budget for all: the caller's
-        for transfer in job.transfers:  # bound must never cut the bookkeeping below short
-            fenced &= await fence(transfer, max(0.0, deadline - time.monotonic()))
-        if fenced:
-            self.member.pool.free(job.pages)
-        else:
-            log.error("room %s: writes not fenced; %d pages withheld", job.key, len(job.pages))
-        self.table.remove(job.key)
-        self.jobs.pop(job.key, None)
-        self.ended.add(job.key)
-        job.released.set()
+        try:  # bound must never cut the bookkeeping below short
+            fenced = all([await fence(t, max(0.0, deadline - time.monotonic()))
+                          for t in job.transfers])  # a list: every write is fenced
+        finally:  # whatever a fence raised, the room ends; only unfenced pages are kept
+            if fenced:
+                self.member.pool.free(job.pages)
+            else:
+                log.error("room %s: writes not fenced; %d pages withheld",
+                          job.key, len(job.pages))
+            self.table.remove(job.key)
+            self.jobs.pop(job.key, None)
+            self.ended.add(job.key)
+            job.released.set()
 
     # ---- aborts and peers --------------------------------------------------------
 

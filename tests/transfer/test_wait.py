@@ -14,6 +14,7 @@ class Stuck:
     """A transfer that stays PROC forever, as a handle to a vanished peer can (nixl#2047)."""
 
     bytes = 1
+    error = ""
 
     def __init__(self, states: list[str]) -> None:
         self.states = states
