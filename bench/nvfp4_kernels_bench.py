@@ -35,6 +35,7 @@ from libs.kernels.nvfp4 import linear_kernels as lk
 from libs.kernels.nvfp4 import reference, triton_impl
 
 L2_FLUSH_BYTES = 192 * 2**20
+TUNE_M = (1, 64, 256)  # --tune-m: the token counts --tune times alternatives for
 BASELINE = None  # --baseline: another linear_kernels module, timed beside the current one
 
 
@@ -195,7 +196,7 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool) -> list[str]:
             gbs = (fp4_bytes + m * k * 2 + m * n * 2) / t_fp4 / 1e6
             entry = dict(shape=label, n=n, k=k, m=m, bf16_us=t_bf16 * 1e3, nvfp4_us=t_fp4 * 1e3,
                          speedup=t_bf16 / t_fp4, nvfp4_weight_gbs=gbs, config=cfg, rel_err=rel)
-            if tune and m in (1, 64, 256) and (m < 64 or n * k >= 4096 * 4096):
+            if tune and m in TUNE_M and (m < 64 or n * k >= 4096 * 4096):
                 entry["tune"] = tune_configs(x, qs, n_fp4, reps_per_graph, m, n, k)
             results["linear"].append(entry)
             rows.append(f"| {label} | {n}x{k} | {m:3d} | {t_bf16 * 1e3:8.1f} us "
@@ -244,10 +245,14 @@ def tune_configs(x, qs, n_fp4, reps, m, n, k):
                 lk.launch(x, q[0], q[1], q[2], None, o, cfg, decode_asm=asm)
 
             try:
+                o = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+                lk.launch(x, qs[0][0], qs[0][1], qs[0][2], None, o, cfg, decode_asm=asm)
+                y_ref = reference.linear(x, qs[0][0], qs[0][1], qs[0][2], None).float()
+                rel = ((o.float() - y_ref).norm() / y_ref.norm()).item()
                 t = graph_time_ms([(lambda q=qs[i % n_fp4]: call(q)) for i in range(reps)])
-                out.append(dict(name=v["name"], asm=asm, cfg=cfg, us=t * 1e3))
-                print(f"tune [{n}x{k}] M={m}: {v['name']} asm={asm} {t * 1e3:.1f} us",
-                      flush=True)
+                out.append(dict(name=v["name"], asm=asm, cfg=cfg, us=t * 1e3, rel_err=rel))
+                print(f"tune [{n}x{k}] M={m}: {v['name']} asm={asm} {t * 1e3:.1f} us "
+                      f"rel_err {rel:.1e}", flush=True)
             except Exception as e:  # a config that does not compile or fit is skipped
                 out.append(dict(name=v["name"], asm=asm, cfg=cfg, error=repr(e)[:200]))
     return out
@@ -258,12 +263,16 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
     ap.add_argument("--quick", action="store_true", help="SmolLM2 and 4096^2 only")
     ap.add_argument("--tune", action="store_true", help="also time alternative configs")
+    ap.add_argument("--tune-m", default="1,64,256", help="token counts --tune looks at")
     ap.add_argument("--stream-only", action="store_true", help="quantize/dequantize only")
     ap.add_argument("--linear-only", action="store_true", help="skip quantize/dequantize")
     ap.add_argument("--shapes", default="", help="comma list of smollm2,square,large")
     ap.add_argument("--baseline", default="", help="another linear_kernels.py to time too")
     args = ap.parse_args(argv)
     import triton
+
+    global TUNE_M
+    TUNE_M = tuple(int(v) for v in args.tune_m.split(","))
 
     props = torch.cuda.get_device_properties(0)
     results = dict(device=props.name, sms=props.multi_processor_count,

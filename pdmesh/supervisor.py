@@ -125,6 +125,10 @@ async def _stop_all(children: list[Child]) -> None:
             log.warning("pid %d ignored SIGTERM; killing it", process.pid)
             _signal(process, signal.SIGKILL)
             await process.wait()
+    for child in children:  # a stop that did not end cleanly is worth a line
+        code = child.process.returncode if child.process else None
+        if code not in (None, 0, -signal.SIGTERM):
+            log.warning("%s stopped with exit code %s", child.name, code)
     log.info("all services stopped")
 
 

@@ -193,8 +193,17 @@ class KvAgent:
                 peer_name,
                 notif or b"",
             )
+        except NIXL_ERRORS as exc:
+            raise TransferFailed(f"{type(exc).__name__}: {exc}") from exc
+        try:
             first = self._agent.transfer(handle)
         except NIXL_ERRORS as exc:
+            # A peer found gone at post time: the handle was created, so free it here, or
+            # UCX keeps its request and can abort the process at exit.
+            try:
+                handle.release()
+            except NIXL_ERRORS as again:
+                log.warning("release after a failed post refused: %s", again)
             raise TransferFailed(f"{type(exc).__name__}: {exc}") from exc
         size = len(src_pages) * self._layout.page_bytes
         return Transfer(handle, self._agent, first, size, len(runs))

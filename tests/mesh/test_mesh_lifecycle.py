@@ -36,6 +36,7 @@ def test_sigterm_stops_every_service(tmp_path):
         time.sleep(0.1)
     assert not _alive(children)
     assert "all services stopped" in mesh.log()
+    assert "stopped with exit code" not in mesh.log()  # every member ended cleanly
 
 
 def test_a_dead_parent_takes_the_mesh_with_it(tmp_path):
