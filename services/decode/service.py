@@ -227,8 +227,11 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 slot.room.fail(cause, time.monotonic())
                 self.counters.aborts[cause.value] += 1  # once per request that ended early
                 mark_aborted(server_span, cause.value, slot.abort_stage or slot.stage)
-            with anyio.move_on_after(2.0, shield=True):
+            with anyio.move_on_after(2.0, shield=True) as bounded:
                 await self._release(slot, seq)
+            if bounded.cancelled_caught:  # the batcher held the sequence past the bound
+                log.error("room %s: release cut short; %d pages and the room kept",
+                          slot.key, len(slot.pages))
             server_span.add_event(
                 "quarantined" if slot.key in self.quarantine else "released",
                 {"pdmesh.kv.pages": len(slot.pages)},
