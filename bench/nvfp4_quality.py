@@ -186,14 +186,14 @@ def kv_nvfp4(args: argparse.Namespace, base: Engine) -> tuple[str, Variant]:
     """`--kv-transfer nvfp4`: the baseline engine, whose prompt KV pages take the NVFP4 page
     round trip of the transfer (libs/transfer/staging.KvWire) between prefill and decode.
     The first token comes from the prefill's native KV, as on the prefill."""
+    from bench.nvfp4_kv_quality import through
     from libs.transfer.staging import KvWire
 
-    wire = KvWire("nvfp4", base.pool.tensor)
+    transfer = through(KvWire("nvfp4", base.pool.tensor))  # the one round trip both benches use
 
     def round_trip(engine: Engine, pages: list[int], n_prompt: int) -> None:
         prompt_pages = pages[: engine.pool.pages_for(n_prompt)]
-        wire.pack(prompt_pages, n_prompt - (len(prompt_pages) - 1) * engine.pool.page_size)
-        wire.unpack(prompt_pages)
+        transfer(prompt_pages, n_prompt - (len(prompt_pages) - 1) * engine.pool.page_size)
 
     return (f"--kv-transfer nvfp4: native weights, the prompt's KV pages quantized to NVFP4 "
             f"and back as the transfer does, {args.dtype} compute",
