@@ -181,7 +181,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             with anyio.move_on_after(FENCE_SECONDS + 1, shield=True) as bounded:
                 await self._release(job)
             if bounded.cancelled_caught:
-                log.error("room %s: release cut short; %d pages and the room kept",
+                log.error("room %s: release cut short; its %d pages withheld",
                           job.key, len(job.pages))
             server_span.add_event("released", {"pdmesh.kv.pages": len(job.pages)})
 
