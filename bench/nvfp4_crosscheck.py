@@ -6,6 +6,11 @@ runs in a throwaway venv that has them, with the repository on PYTHONPATH:
     python3 -m venv /tmp/tao && /tmp/tao/bin/pip install torch==2.13.0 torchao \\
         nvidia-modelopt numpy requests huggingface_hub
     PYTHONPATH=. /tmp/tao/bin/python -m bench.nvfp4_crosscheck
+    PYTHONPATH=. /tmp/tao/bin/python -m bench.nvfp4_crosscheck \\
+        --write-golden tests/kernels/data/modelopt_nvfp4_golden.json
+
+The second command records ModelOpt's outputs as digests; tests/kernels/test_nvfp4_golden.py
+checks our kernels (CPU, and CUDA where present) against them in CI, without ModelOpt.
 
 What is compared, on seeded inputs (normal, heavy-tailed, rows spanning 1e-6..1e3 so the
 2^-9 scale clamp is hit, all-zero blocks, exact E2M1 ties) in bf16/fp16/fp32:
@@ -37,6 +42,10 @@ exit 0):
 """
 
 from __future__ import annotations
+
+import hashlib
+import json
+import sys
 
 import torch
 
@@ -160,7 +169,57 @@ def check_torchao() -> bool:
     return ok
 
 
+def digest(t: torch.Tensor) -> str:
+    """sha256 of a tensor's bytes (CPU, contiguous): the golden file stores only these."""
+    flat = t.detach().cpu().contiguous().reshape(-1)  # a 0-d tensor cannot be viewed as bytes
+    return hashlib.sha256(flat.view(torch.uint8).numpy()).hexdigest()
+
+
+def digest_values(t: torch.Tensor) -> str:
+    """digest() of dequantized values with -0.0 read as +0.0: the one documented difference
+    (code 0x8 decodes to -0.0 here, to +0.0 in ModelOpt; torch.equal calls them equal)."""
+    return digest(torch.where(t == 0, torch.zeros_like(t), t))
+
+
+def write_golden(path: str) -> None:
+    """Record ModelOpt's own outputs (not ours) for cases(), as sha256 digests, so CI
+    can check byte identity with ModelOpt without installing it (tests/kernels)."""
+    import importlib.metadata
+
+    from modelopt.torch.quantization.qtensor import NVFP4QTensor
+
+    entries = []
+    for name, x32, s2_given in cases():
+        for dtype in DTYPES:
+            x = x32.to(dtype)
+            for given in s2_options(x, s2_given):
+                q, mo_scales, mo_s2 = NVFP4QTensor.quantize(x.clone(), 16, None, given)
+                mo_deq = q.dequantize(
+                    dtype=dtype, scale=mo_scales, double_scale=mo_s2, block_sizes={-1: 16}
+                )
+                entries.append({
+                    "case": name, "dtype": str(dtype).removeprefix("torch."),
+                    "given_s2": None if given is None else float(given),
+                    "input": digest(x), "packed": digest(q._quantized_data),
+                    "scales": digest(mo_scales.view(torch.uint8)),
+                    "s2": digest(mo_s2.float().reshape(())), "dequantized": digest_values(mo_deq),
+                })
+    record = {
+        "source": "nvidia-modelopt NVFP4QTensor.quantize / dequantize (block 16)",
+        "modelopt": importlib.metadata.version("nvidia-modelopt"),
+        "torch": torch.__version__,
+        "written_by": "python -m bench.nvfp4_crosscheck --write-golden PATH",
+        "entries": entries,
+    }
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+    print(f"wrote {len(entries)} ModelOpt digests to {path}")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--write-golden"]:
+        write_golden(sys.argv[2])
+        return
     results = {}
     for lib, check in (("modelopt", check_modelopt), ("torchao", check_torchao)):
         try:
