@@ -6,7 +6,7 @@ quantized linear ``<m>`` (see /work/shared/docs/nvfp4-facts.md):
     <m>.weight          uint8          [out, in/2]   two E2M1 codes a byte, low nibble first
     <m>.weight_scale    float8_e4m3fn  [out, in/16]  block scales, linear layout
     <m>.weight_scale_2  float32        scalar        s2 = amax / 2688, shared by fused shards
-    <m>.input_scale     float32        scalar        optional; ignored
+    <m>.input_scale     float32        scalar        NVFP4 (W4A4) only; ignored
 
 ``input_scale`` is ignored because this engine is weight-only (W4A16): activations stay in
 --dtype, as Marlin serves NVFP4 on Hopper. KV scales (``k_scale``/``v_scale``) are ignored for
@@ -37,6 +37,9 @@ from .nvfp4 import Linear, Nvfp4Weight, quantize_layer_linears
 logger = logging.getLogger(__name__)
 
 HF_QUANT_CONFIG = "hf_quant_config.json"
+# ModelOpt names the format NVFP4 when activations are quantized too (W4A4: input_scale per
+# linear, ignored here) and W4A16_NVFP4 when only weights are; the weights are stored alike.
+QUANT_ALGOS = ("NVFP4", "W4A16_NVFP4")
 GROUP_SIZE = 16
 PRODUCER = "pdmesh"
 
@@ -80,9 +83,10 @@ def read_quant_config(path: Path) -> QuantConfig | None:
         raise CheckpointError(f"{file}: not a ModelOpt quant config ({e!r})") from None
     if not isinstance(q, dict):
         raise CheckpointError(f"{file}: 'quantization' must be an object")
-    if q.get("quant_algo") != "NVFP4":
+    if q.get("quant_algo") not in QUANT_ALGOS:
         raise CheckpointError(
-            f"{file}: quant_algo {q.get('quant_algo')!r} is not supported (only 'NVFP4')"
+            f"{file}: quant_algo {q.get('quant_algo')!r} is not supported "
+            f"(only {' or '.join(repr(a) for a in QUANT_ALGOS)})"
         )
     # ModelOpt always writes it; absent, the scale shapes below still enforce 16.
     if q.get("group_size", GROUP_SIZE) != GROUP_SIZE:
