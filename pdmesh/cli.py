@@ -8,6 +8,7 @@ import os
 import shlex
 import signal
 import sys
+from pathlib import Path
 
 # Before torch is imported anywhere: OpenMP's default busy-wait makes every
 # process on a small shared CPU (prefill, decode, router side by side) spin
@@ -163,6 +164,20 @@ def _extra_args(args: argparse.Namespace) -> dict[str, list[str]]:
     return extra
 
 
+def _check_model(spec: str) -> str | None:
+    """Why `spec` cannot be served, or None. A HF directory is small, so its tokenizer is
+    loaded and matched against its vocabulary here; the built-in models need no check."""
+    from libs.engine.loader import check_spec, load_tokenizer
+
+    try:
+        check_spec(spec)
+        if Path(spec).is_dir():
+            load_tokenizer(spec)
+    except (ValueError, OSError) as e:
+        return str(e)
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -185,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         if plan.prefill < 1 or plan.decode < 1:
             parser.error("--prefill and --decode must be at least 1")
+        refusal = _check_model(args.model)
+        if refusal:  # before any process starts: a bad model would only crash-loop them
+            print(f"pdmesh up: --model: {refusal}", file=sys.stderr)
+            return 2
         if args.trace_store is None:
             return run_service("up", lambda: supervise(plan))
         from pdmesh import tracestore

@@ -98,7 +98,7 @@ def start_mesh(
     layouts do not pair), whose /health stays 503.
     """
     http, grpc_port, boot = free_port(), free_port(), free_port()
-    log_path = tmp / f"mesh-{model}-{prefill}x{decode}.log"
+    log_path = tmp / f"mesh-{Path(model).name}-{prefill}x{decode}.log"  # model may be a path
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     process = subprocess.Popen(
         [

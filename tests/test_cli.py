@@ -43,3 +43,29 @@ def test_status_without_bootstrap_is_a_clear_error():
     out = run("status", "--bootstrap", "127.0.0.1:1")
     assert out.returncode == 1
     assert "unreachable" in out.stderr and "Traceback" not in out.stderr
+
+
+MODELOPT_TINY = "tests/engine/data/modelopt_tiny_w4a4"  # vocab 256, no tokenizer files
+
+
+def test_up_refuses_a_model_that_is_not_one_before_starting_anything():
+    out = run("up", "--model", "/no/such/model", "--http-port", "1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("pdmesh up: --model: '/no/such/model' is not a model")
+    assert "starting" not in out.stderr  # the supervisor never ran
+
+
+def test_up_refuses_a_tokenizer_larger_than_the_vocabulary():
+    # Served, every request naming a token >= 256 would fail (it did: 503s from a green mesh).
+    out = run("up", "--model", MODELOPT_TINY)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "the tokenizer has 49152 tokens but the model's vocabulary only 256" in out.stderr
+    assert "add the model's tokenizer.json" in out.stderr
+
+
+@pytest.mark.parametrize("command", ["router", "prefill"])
+def test_a_service_started_by_hand_says_why_in_one_line(command):
+    model = MODELOPT_TINY if command == "router" else "/no/such/model"
+    out = run(command, "--model", model, "--bootstrap", "127.0.0.1:1")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"pdmesh {command}: --model" in out.stderr.splitlines()[-1]

@@ -65,11 +65,12 @@ def load_model(
     weights_format is one of WEIGHT_FORMATS (see the module docstring)."""
     if weights_format not in WEIGHT_FORMATS:
         raise ValueError(f"weights_format must be one of {WEIGHT_FORMATS}, got {weights_format!r}")
+    check_spec(spec)
     dtype = dtype or torch.float32
     t0 = time.perf_counter()
     if spec == "smollm2":
         config, weights, tok_src = _load_gguf(smollm2_gguf_path())
-    elif spec in ("tiny", "random:smollm2", "random:tiny"):
+    elif spec in RANDOM_SPECS:
         config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
         config = _replace_name(config, spec)
         weights = random_weights(config, RANDOM_SEED)
@@ -104,22 +105,56 @@ def load_model(
     )
 
 
+RANDOM_SPECS = ("tiny", "random:smollm2", "random:tiny")
+
+
+def check_spec(spec: str) -> None:
+    """Raise ValueError, naming what is accepted, unless `spec` can name a model at all.
+
+    Cheap (no file is read): for `pdmesh up`, before any process starts."""
+    if spec in ("smollm2", *RANDOM_SPECS):
+        return
+    path = Path(spec)
+    if spec.endswith(".gguf") and path.is_file():
+        return
+    if (path / "config.json").is_file():
+        return
+    raise ValueError(
+        f"{spec!r} is not a model: use smollm2, tiny, random:smollm2, random:tiny, a .gguf "
+        "file, or a Hugging Face Llama directory (config.json and *.safetensors)"
+    )
+
+
 def load_tokenizer(spec: str) -> tuple[ModelConfig, Tokenizer]:
-    """Config and tokenizer only, for the router: GGUF metadata is read, no weights."""
+    """Config and tokenizer only, for the router: GGUF metadata is read, no weights.
+
+    Refuses (ValueError) a tokenizer with more tokens than the model's vocabulary: a HF
+    directory without its own tokenizer files falls back to SmolLM2's, and serving a
+    smaller model with it would fail every request that names a token it lacks."""
+    check_spec(spec)
     if spec == "smollm2" or spec.endswith(".gguf"):
         import gguf
 
         path = smollm2_gguf_path() if spec == "smollm2" else Path(spec)
         config = _gguf_config(gguf.GGUFReader(str(path)), path)
-        return config, Tokenizer.load(path, config.eos_token_ids)
-    if Path(spec, "config.json").exists():
-        loaded = load_model(spec)  # HF directories: small enough to read whole
-        return loaded.config, loaded.tokenizer
-    if spec in ("tiny", "random:smollm2", "random:tiny"):
+        tokenizer = Tokenizer.load(path, config.eos_token_ids)
+    elif spec in RANDOM_SPECS:
         config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
         source = os.environ.get("PDMESH_TOKENIZER") or smollm2_gguf_path()
-        return _replace_name(config, spec), Tokenizer.load(source, config.eos_token_ids)
-    raise ValueError(f"unknown model spec {spec!r}")
+        tokenizer = Tokenizer.load(source, config.eos_token_ids)
+        config = _replace_name(config, spec)
+    else:
+        loaded = load_model(spec)  # HF directories: small enough to read whole
+        config, tokenizer = loaded.config, loaded.tokenizer
+    if tokenizer.vocab_size > config.vocab_size:
+        own = Path(spec, "tokenizer_config.json").exists()
+        raise ValueError(
+            f"{spec}: the tokenizer has {tokenizer.vocab_size} tokens but the model's "
+            f"vocabulary only {config.vocab_size}"
+            + ("" if own else " (the directory has no tokenizer files, so SmolLM2's was "
+               "used: add the model's tokenizer.json and tokenizer_config.json)")
+        )
+    return config, tokenizer
 
 
 def _replace_name(config: ModelConfig, name: str) -> ModelConfig:

@@ -98,6 +98,8 @@ async def serve_member(
         )
     except UnsupportedKvShape as e:
         raise SystemExit(f"pdmesh {role_name}: --kv-transfer {args.kv_transfer}: {e}") from None
+    except ValueError as e:  # an unknown spec, a refused checkpoint (CheckpointError)
+        raise SystemExit(f"pdmesh {role_name}: --model {args.model}: {e}") from None
     member.pinned_after = args.pinned_after
     member.stall_after = args.stall_after
     if injected.active:

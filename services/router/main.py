@@ -58,7 +58,10 @@ def served_model_id(spec: str) -> str:
 
 async def serve(args: argparse.Namespace) -> None:
     name = args.name or f"router-{os.getpid()}"
-    config, tokenizer = await anyio.to_thread.run_sync(load_tokenizer, args.model)
+    try:
+        config, tokenizer = await anyio.to_thread.run_sync(load_tokenizer, args.model)
+    except ValueError as e:  # a model it cannot serve: one line, not a traceback
+        raise SystemExit(f"pdmesh router: --model: {e}") from None
     model_id = served_model_id(args.model)
     pairing = Pairing()
     metrics = RouterMetrics(name)
