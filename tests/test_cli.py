@@ -45,7 +45,7 @@ def test_status_without_bootstrap_is_a_clear_error():
     assert "unreachable" in out.stderr and "Traceback" not in out.stderr
 
 
-MODELOPT_TINY = "tests/engine/data/modelopt_tiny_w4a4"  # vocab 256, no tokenizer files
+MODELOPT_TINY = "tests/engine/data/modelopt_tiny_w4a16"  # vocab 256, no tokenizer files
 
 
 def test_up_refuses_a_model_that_is_not_one_before_starting_anything():

@@ -84,3 +84,38 @@ async def test_request_is_served_by_nvfp4_weights(nvfp4_mesh):
     params = SamplingParams(temperature=1.0, max_tokens=24, seed=11)
     assert ids == _colocated("nvfp4", prompt_ids, params)
     assert nvfp4_mesh.log().count("nvfp4 weights") >= 2  # the prefill's and the decode's load
+
+
+MODELOPT_EXPORT = "tests/engine/data/modelopt_tiny_w4a4"  # written by ModelOpt 0.47.0 itself
+
+
+@pytest.fixture
+def modelopt_mesh(tmp_path):
+    mesh = start_mesh(tmp_path, model=MODELOPT_EXPORT)  # sync: start_mesh runs its own loop
+    yield mesh
+    mesh.stop()
+
+
+async def test_a_real_modelopt_export_is_served_end_to_end(modelopt_mesh):
+    """`pdmesh up --model DIR` on ModelOpt's own NVFP4 export (W4A4, input_scale ignored,
+    with its 256-token tokenizer): the members load NVFP4 weights and a chat request
+    streams exactly the tokens of a colocated engine on the same checkpoint."""
+    ids: list[int] = []
+    async with GenerateClient(modelopt_mesh.router) as client:
+        async for item in client.generate(
+            messages=[{"role": "user", "content": "what is the capital of france?"}],
+            max_tokens=16, temperature=1.0, seed=5,
+        ):
+            if isinstance(item, Done):
+                done = item
+            else:
+                ids.extend(item.token_ids)
+    assert done.completion_tokens == len(ids) >= 1 and max(ids) < 256
+    loaded = load_model(MODELOPT_EXPORT)
+    assert loaded.weights_format == "nvfp4"
+    assert modelopt_mesh.log().count("nvfp4 weights") >= 2  # the prefill's and the decode's
+    prompt_ids = loaded.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "what is the capital of france?"}])
+    engine = Engine(loaded.config, loaded.weights, KvPool(loaded.config, 16, 16))
+    params = SamplingParams(temperature=1.0, max_tokens=16, seed=5)
+    assert ids == generate(engine, prompt_ids, params)

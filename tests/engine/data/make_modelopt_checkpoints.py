@@ -12,6 +12,8 @@ hidden 64, 4 heads, 2 KV heads, MLP 128):
 - ``modelopt_tiny_w4a4``: ModelOpt's NVFP4 export with input quantizers (quant_algo NVFP4,
   an ``input_scale`` per linear). ModelOpt's NVFP4 calibration forward needs CUDA, so the
   input quantizers' amax is set to 4.0 by hand; weights are calibrated from the weights.
+  It also gets a 256-token tokenizer (trained here), so a mesh can serve it as it stands;
+  the W4A16 one has none, which `pdmesh up` must refuse (tests/test_cli.py).
 """
 
 import copy
@@ -22,6 +24,29 @@ import modelopt.torch.quantization as mtq
 import torch
 from modelopt.torch.export import export_hf_checkpoint
 from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def tokenizer(vocab: int):
+    """A byte-pair tokenizer of exactly `vocab` tokens (<unk>, <s>, </s> first, so bos 1 and
+    eos 2 as in the config) with a minimal chat template: what a served model directory
+    carries, here small enough to match the 256-token model."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    text = ("the quick brown fox jumps over the lazy dog. " * 3 + "hello world! how are you "
+            "today? what is the capital of france? paris. 0123456789 , ; : ' \" ( ) - ") * 20
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>"],
+                                  initial_alphabet=list("abcdefghijklmnopqrstuvwxyz"))
+    tok.train_from_iterator([text], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>")
+    fast.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                          "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    assert len(fast) <= vocab, len(fast)
+    return fast
 
 
 def main(out: Path) -> None:
@@ -49,6 +74,7 @@ def main(out: Path) -> None:
                     q.amax = torch.tensor(4.0)
         export_hf_checkpoint(m, dtype=torch.bfloat16, export_dir=out / name)
         print(f"wrote {out / name}")
+    tokenizer(cfg.vocab_size).save_pretrained(out / "modelopt_tiny_w4a4")  # served in a mesh
 
 
 if __name__ == "__main__":
