@@ -9,6 +9,7 @@ polled by :func:`libs.transfer.wait.wait` with short sleeps, so the loop never b
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 from nixl import _bindings
@@ -18,6 +19,8 @@ from libs.transfer.errors import LayoutMismatch, PeerExists, TransferFailed, Unk
 from libs.transfer.layout import PoolLayout, check_pages, coalesce, descriptors
 
 log = logging.getLogger(__name__)
+
+NOTIF_ERROR_LOG_EVERY_S = 5.0  # a failing notification poll logs at most this often
 
 # NIXL's bindings raise one exception class per status code, with no common base.
 NIXL_ERRORS: tuple[type[Exception], ...] = tuple(
@@ -112,6 +115,8 @@ class KvAgent:
         self._agent.create_backend("UCX", backend_params or {})
         self._reg = self._agent.register_memory(pool_tensor)
         self._peers: set[str] = set()
+        self._notif_errors = 0
+        self._notif_error_logged = -NOTIF_ERROR_LOG_EVERY_S
 
     def metadata(self) -> bytes:
         """Agent metadata (connection info and the registered pool) to publish to peers."""
@@ -218,7 +223,12 @@ class KvAgent:
         try:
             notifs = self._agent.get_new_notifs()
         except NIXL_ERRORS as exc:
-            log.warning("get_new_notifs failed: %s: %s", type(exc).__name__, exc)
+            self._notif_errors += 1
+            now = time.monotonic()
+            if now - self._notif_error_logged >= NOTIF_ERROR_LOG_EVERY_S:  # polled ~1 kHz
+                log.warning("get_new_notifs failed (%d times so far): %s: %s",
+                            self._notif_errors, type(exc).__name__, exc)
+                self._notif_error_logged = now
             return []
         return [(peer, msg) for peer, msgs in notifs.items() for msg in msgs]
 

@@ -9,6 +9,7 @@ that instant on demand (CMA writes on one host finish inside the post).
 
 from __future__ import annotations
 
+import logging
 import time
 
 import anyio
@@ -55,7 +56,8 @@ async def test_wait_fails_typed_with_the_backend_reason() -> None:
         await wait(transfer, time.monotonic() + 1)
 
 
-def test_get_notifs_survives_a_raising_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_get_notifs_survives_a_raising_backend(monkeypatch: pytest.MonkeyPatch,
+                                               caplog: pytest.LogCaptureFixture) -> None:
     pool = torch.zeros((2, 4096), dtype=torch.uint8)
     agent = KvAgent("notif-raises", pool, 4096)
     try:
@@ -63,7 +65,11 @@ def test_get_notifs_survives_a_raising_backend(monkeypatch: pytest.MonkeyPatch) 
             raise _bindings.nixlRemoteDisconnectError("NIXL_ERR_REMOTE_DISCONNECT")
 
         monkeypatch.setattr(agent._agent, "get_new_notifs", vanished)
-        assert agent.get_notifs() == []  # the decode's one notification loop lives on
+        with caplog.at_level(logging.WARNING, logger="libs.transfer.agent"):
+            for _ in range(1000):  # the decode polls about every millisecond
+                assert agent.get_notifs() == []  # its one notification loop lives on
+        warned = [r for r in caplog.records if "get_new_notifs failed" in r.getMessage()]
+        assert len(warned) == 1  # rate-limited, not a line per poll
         monkeypatch.undo()
         assert agent.get_notifs() == []  # and the real agent still answers
     finally:
