@@ -114,7 +114,8 @@ async def _keep_running(child: Child, env: dict[str, str]) -> None:
 
 
 async def _stop_all(children: list[Child]) -> None:
-    live = [c.process for c in children if c.process and c.process.returncode is None]
+    running = [c for c in children if c.process and c.process.returncode is None]
+    live = [c.process for c in running]
     for process in reversed(live):  # router first, bootstrap last
         _signal(process, signal.SIGTERM)
     with anyio.move_on_after(STOP_GRACE):
@@ -125,9 +126,9 @@ async def _stop_all(children: list[Child]) -> None:
             log.warning("pid %d ignored SIGTERM; killing it", process.pid)
             _signal(process, signal.SIGKILL)
             await process.wait()
-    for child in children:  # a stop that did not end cleanly is worth a line
-        code = child.process.returncode if child.process else None
-        if code not in (None, 0, -signal.SIGTERM):
+    for child in running:  # a stop that did not end cleanly is worth a line (a child that
+        code = child.process.returncode  # died earlier was logged when it did)
+        if code not in (0, -signal.SIGTERM):
             log.warning("%s stopped with exit code %s", child.name, code)
     log.info("all services stopped")
 

@@ -35,3 +35,14 @@ async def test_stop_reports_members_that_exit_badly(caplog) -> None:
     assert "prefill-0 stopped with exit code 134" in lines
     assert not any(line.startswith("decode-0 stopped") for line in lines)
     assert lines[-1] == "all services stopped"
+
+
+async def test_a_child_that_died_before_the_stop_is_not_blamed_for_it(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="pdmesh.up")
+    dead = await _start("decode-0", 0)
+    dead.process.kill()  # died earlier (its exit was logged then); now in restart backoff
+    await dead.process.wait()
+    alive = await _start("prefill-0", 0)
+    with anyio.fail_after(20):
+        await _stop_all([dead, alive])
+    assert not [r for r in caplog.records if "stopped with exit code" in r.getMessage()]
