@@ -81,6 +81,15 @@ def cases(seed: int = 0):
     yield "ties 64x256", ties, 0.125
 
 
+def runs(dtypes=DTYPES):
+    """(case name, x in a dtype, None or a given s2): every case, dtype and s2 choice."""
+    for name, x32, s2_given in cases():
+        for dtype in dtypes:
+            x = x32.to(dtype)
+            for given in s2_options(x, s2_given):
+                yield name, x, given
+
+
 def s2_options(x: torch.Tensor, s2_given: float | None) -> tuple:
     """Own s2, and a given one: the case's, else 3/4 of x's own so some s_b clamp at 448."""
     if s2_given is None:
@@ -92,26 +101,24 @@ def check_modelopt() -> bool:
     from modelopt.torch.quantization.qtensor import NVFP4QTensor
 
     ok = True
-    for name, x32, s2_given in cases():
-        for dtype in DTYPES:
-            x = x32.to(dtype)
-            for given in s2_options(x, s2_given):
-                packed, scales, s2 = quantize_nvfp4(x, given)
-                q, mo_scales, mo_s2 = NVFP4QTensor.quantize(x.clone(), 16, None, given)
-                same = (
-                    torch.equal(q._quantized_data, packed)
-                    and torch.equal(mo_scales.view(torch.uint8), scales.view(torch.uint8))
-                    and torch.equal(mo_s2.float().reshape(()), s2)
-                )
-                mo_deq = q.dequantize(
-                    dtype=dtype, scale=mo_scales, double_scale=mo_s2, block_sizes={-1: 16}
-                )
-                same_deq = torch.equal(mo_deq, dequantize_nvfp4(packed, scales, s2, dtype))
-                tag = "given s2" if given is not None else "own s2"
-                print(f"modelopt {name:24s} {str(dtype):15s} {tag:8s} "
-                      f"quantize {'SAME' if same else 'DIFF'}  dequant "
-                      f"{'SAME' if same_deq else 'DIFF'}")
-                ok &= same and same_deq
+    for name, x, given in runs():
+        dtype = x.dtype
+        packed, scales, s2 = quantize_nvfp4(x, given)
+        q, mo_scales, mo_s2 = NVFP4QTensor.quantize(x.clone(), 16, None, given)
+        same = (
+            torch.equal(q._quantized_data, packed)
+            and torch.equal(mo_scales.view(torch.uint8), scales.view(torch.uint8))
+            and torch.equal(mo_s2.float().reshape(()), s2)
+        )
+        mo_deq = q.dequantize(
+            dtype=dtype, scale=mo_scales, double_scale=mo_s2, block_sizes={-1: 16}
+        )
+        same_deq = torch.equal(mo_deq, dequantize_nvfp4(packed, scales, s2, dtype))
+        tag = "given s2" if given is not None else "own s2"
+        print(f"modelopt {name:24s} {str(dtype):15s} {tag:8s} "
+              f"quantize {'SAME' if same else 'DIFF'}  dequant "
+              f"{'SAME' if same_deq else 'DIFF'}")
+        ok &= same and same_deq
     zeros = torch.zeros(4, 32, dtype=torch.bfloat16)
     _, mo_scales, mo_s2 = NVFP4QTensor.quantize(zeros.clone(), 16)
     _, scales, s2 = quantize_nvfp4(zeros)
@@ -125,47 +132,45 @@ def check_torchao() -> bool:
     from torchao.prototype.mx_formats.nvfp4_tensor import nvfp4_quantize
 
     ok = True
-    for name, x32, s2_given in cases():
-        for dtype in (torch.bfloat16, torch.float32):  # what nvfp4_quantize accepts
-            x = x32.to(dtype)
-            for given in s2_options(x, s2_given):
-                packed, scales, s2 = quantize_nvfp4(x, given)
+    for name, x, given in runs((torch.bfloat16, torch.float32)):  # what nvfp4_quantize accepts
+        dtype = x.dtype
+        packed, scales, s2 = quantize_nvfp4(x, given)
 
-                # Element encoding given identical y: must match except torchao's -0.0 -> 0x8.
-                y = x.float().unflatten(-1, (-1, 16)) / (scales.float() * s2).unsqueeze(-1)
-                y = y.flatten(-2)
-                neg_zero = (y == 0) & torch.signbit(y)
-                theirs = f32_to_f4_unpacked(y.clamp(-6, 6))
-                enc_diff = int(((reference.encode_e2m1(y) != theirs) & ~neg_zero).sum())
-                ok &= enc_diff == 0
+        # Element encoding given identical y: must match except torchao's -0.0 -> 0x8.
+        y = x.float().unflatten(-1, (-1, 16)) / (scales.float() * s2).unsqueeze(-1)
+        y = y.flatten(-2)
+        neg_zero = (y == 0) & torch.signbit(y)
+        theirs = f32_to_f4_unpacked(y.clamp(-6, 6))
+        enc_diff = int(((reference.encode_e2m1(y) != theirs) & ~neg_zero).sum())
+        ok &= enc_diff == 0
 
-                # Whole pipeline. Zero blocks are left out of the scale count (torchao stores
-                # 2^-6, we 1.0). Elements are compared only in blocks whose scale bytes agree;
-                # there every difference must be explained by rounding: torchao's reciprocal
-                # product x * ((1/s2)/s_b) and our quotient x / (s_b * s2) are one ulp apart
-                # with an E2M1 midpoint between them (inclusive), so they round differently.
-                ao_scales, ao_packed = nvfp4_quantize(x.contiguous(), 16, per_tensor_scale=s2)
-                live = x.unflatten(-1, (-1, 16)).abs().amax(-1) > 0
-                same_scale = ao_scales.view(torch.uint8) == scales.view(torch.uint8)
-                scale_diff = int((~same_scale & live).sum())
-                comparable = same_scale.repeat_interleave(16, dim=-1)
-                differ = comparable & (
-                    reference.unpack(ao_packed.view(torch.uint8)) != reference.unpack(packed)
-                )
-                recip = x.float().unflatten(-1, (-1, 16)) * ((1.0 / s2) / scales.float())[..., None]
-                recip = recip.flatten(-2)
-                lo, hi = torch.minimum(y.abs(), recip.abs()), torch.maximum(y.abs(), recip.abs())
-                straddle = ((lo[..., None] <= MIDPOINTS) & (MIDPOINTS <= hi[..., None])).any(-1)
-                one_ulp = (y.view(torch.int32) - recip.view(torch.int32)).abs() == 1
-                unexplained = int((differ & ~(straddle & one_ulp)).sum())
-                ok &= unexplained == 0
-                tag = "given s2" if given is not None else "own s2"
-                print(
-                    f"torchao  {name:24s} {str(dtype):15s} {tag:8s} encoding(y) diffs {enc_diff}"
-                    f" (y=-0.0: {int(neg_zero.sum())}) | scale bytes differ {scale_diff}/"
-                    f"{int(live.sum())} non-zero blocks | elements differ {int(differ.sum())}/"
-                    f"{int(comparable.sum())} in equal-scale blocks, {unexplained} unexplained"
-                )
+        # Whole pipeline. Zero blocks are left out of the scale count (torchao stores
+        # 2^-6, we 1.0). Elements are compared only in blocks whose scale bytes agree;
+        # there every difference must be explained by rounding: torchao's reciprocal
+        # product x * ((1/s2)/s_b) and our quotient x / (s_b * s2) are one ulp apart
+        # with an E2M1 midpoint between them (inclusive), so they round differently.
+        ao_scales, ao_packed = nvfp4_quantize(x.contiguous(), 16, per_tensor_scale=s2)
+        live = x.unflatten(-1, (-1, 16)).abs().amax(-1) > 0
+        same_scale = ao_scales.view(torch.uint8) == scales.view(torch.uint8)
+        scale_diff = int((~same_scale & live).sum())
+        comparable = same_scale.repeat_interleave(16, dim=-1)
+        differ = comparable & (
+            reference.unpack(ao_packed.view(torch.uint8)) != reference.unpack(packed)
+        )
+        recip = x.float().unflatten(-1, (-1, 16)) * ((1.0 / s2) / scales.float())[..., None]
+        recip = recip.flatten(-2)
+        lo, hi = torch.minimum(y.abs(), recip.abs()), torch.maximum(y.abs(), recip.abs())
+        straddle = ((lo[..., None] <= MIDPOINTS) & (MIDPOINTS <= hi[..., None])).any(-1)
+        one_ulp = (y.view(torch.int32) - recip.view(torch.int32)).abs() == 1
+        unexplained = int((differ & ~(straddle & one_ulp)).sum())
+        ok &= unexplained == 0
+        tag = "given s2" if given is not None else "own s2"
+        print(
+            f"torchao  {name:24s} {str(dtype):15s} {tag:8s} encoding(y) diffs {enc_diff}"
+            f" (y=-0.0: {int(neg_zero.sum())}) | scale bytes differ {scale_diff}/"
+            f"{int(live.sum())} non-zero blocks | elements differ {int(differ.sum())}/"
+            f"{int(comparable.sum())} in equal-scale blocks, {unexplained} unexplained"
+        )
     return ok
 
 
@@ -189,21 +194,19 @@ def write_golden(path: str) -> None:
     from modelopt.torch.quantization.qtensor import NVFP4QTensor
 
     entries = []
-    for name, x32, s2_given in cases():
-        for dtype in DTYPES:
-            x = x32.to(dtype)
-            for given in s2_options(x, s2_given):
-                q, mo_scales, mo_s2 = NVFP4QTensor.quantize(x.clone(), 16, None, given)
-                mo_deq = q.dequantize(
-                    dtype=dtype, scale=mo_scales, double_scale=mo_s2, block_sizes={-1: 16}
-                )
-                entries.append({
-                    "case": name, "dtype": str(dtype).removeprefix("torch."),
-                    "given_s2": None if given is None else float(given),
-                    "input": digest(x), "packed": digest(q._quantized_data),
-                    "scales": digest(mo_scales.view(torch.uint8)),
-                    "s2": digest(mo_s2.float().reshape(())), "dequantized": digest_values(mo_deq),
-                })
+    for name, x, given in runs():
+        dtype = x.dtype
+        q, mo_scales, mo_s2 = NVFP4QTensor.quantize(x.clone(), 16, None, given)
+        mo_deq = q.dequantize(
+            dtype=dtype, scale=mo_scales, double_scale=mo_s2, block_sizes={-1: 16}
+        )
+        entries.append({
+            "case": name, "dtype": str(dtype).removeprefix("torch."),
+            "given_s2": None if given is None else float(given),
+            "input": digest(x), "packed": digest(q._quantized_data),
+            "scales": digest(mo_scales.view(torch.uint8)),
+            "s2": digest(mo_s2.float().reshape(())), "dequantized": digest_values(mo_deq),
+        })
     record = {
         "source": "nvidia-modelopt NVFP4QTensor.quantize / dequantize (block 16)",
         "modelopt": importlib.metadata.version("nvidia-modelopt"),

@@ -165,8 +165,9 @@ def _extra_args(args: argparse.Namespace) -> dict[str, list[str]]:
 
 
 def _check_model(spec: str) -> str | None:
-    """Why `spec` cannot be served, or None. A HF directory is small, so its tokenizer is
-    loaded and matched against its vocabulary here; the built-in models need no check."""
+    """Why `spec` cannot be served, or None. For a HF directory its config.json and
+    tokenizer are read here (no weights) and the vocabularies compared; the built-in models
+    need no check."""
     from libs.engine.loader import check_spec, load_tokenizer
 
     try:

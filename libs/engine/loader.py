@@ -143,9 +143,10 @@ def load_tokenizer(spec: str) -> tuple[ModelConfig, Tokenizer]:
         source = os.environ.get("PDMESH_TOKENIZER") or smollm2_gguf_path()
         tokenizer = Tokenizer.load(source, config.eos_token_ids)
         config = _replace_name(config, spec)
-    else:
-        loaded = load_model(spec)  # HF directories: small enough to read whole
-        config, tokenizer = loaded.config, loaded.tokenizer
+    else:  # a HF directory: its config.json, no weights (the members load and check those)
+        path = Path(spec)
+        config = _hf_config(path, json.loads((path / "config.json").read_text()))
+        tokenizer = Tokenizer.load(_hf_tokenizer_source(path), config.eos_token_ids)
     if tokenizer.vocab_size > config.vocab_size:
         own = Path(spec, "tokenizer_config.json").exists()
         raise ValueError(
@@ -238,28 +239,10 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, Weights, Path]:
 
 def _load_hf_dir(path: Path) -> tuple[ModelConfig, Weights, Path]:
     hf = json.loads((path / "config.json").read_text())
-    n_heads = hf["num_attention_heads"]
-    rope = hf.get("rope_parameters") or {}
-    eos = hf.get("eos_token_id", 2)
-    config = ModelConfig(
-        name=hf.get("_name_or_path") or path.name,
-        n_layers=hf["num_hidden_layers"],
-        dim=hf["hidden_size"],
-        n_heads=n_heads,
-        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
-        ffn_dim=hf["intermediate_size"],
-        vocab_size=hf["vocab_size"],
-        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-        max_position=hf.get("max_position_embeddings", 2048),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        bos_token_id=hf.get("bos_token_id") or 1,
-        eos_token_ids=tuple(eos) if isinstance(eos, list) else (eos,),
-    )
+    config = _hf_config(path, hf)
     quant = modelopt.read_quant_config(path)  # first: a bad one fails before any tensor is read
     files = modelopt.TensorFiles(path)
-    tok_src = path if (path / "tokenizer_config.json").exists() else smollm2_gguf_path()
+    tok_src = _hf_tokenizer_source(path)
     if quant is not None:
         return config, modelopt.load_weights(files, config, quant), tok_src
     modelopt.refuse_unknown_quantization(path, hf, files)
@@ -277,3 +260,31 @@ def _load_hf_dir(path: Path) -> tuple[ModelConfig, Weights, Path]:
         config, sd["embed_tokens.weight"], sd["norm.weight"], sd.get("lm_head.weight"), layers
     )
     return config, weights, tok_src
+
+
+def _hf_config(path: Path, hf: dict) -> ModelConfig:
+    """ModelConfig from a HF directory's parsed config.json (no tensor is read)."""
+    n_heads = hf["num_attention_heads"]
+    rope = hf.get("rope_parameters") or {}
+    eos = hf.get("eos_token_id", 2)
+    return ModelConfig(
+        name=hf.get("_name_or_path") or path.name,
+        n_layers=hf["num_hidden_layers"],
+        dim=hf["hidden_size"],
+        n_heads=n_heads,
+        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
+        ffn_dim=hf["intermediate_size"],
+        vocab_size=hf["vocab_size"],
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
+        max_position=hf.get("max_position_embeddings", 2048),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        bos_token_id=hf.get("bos_token_id") or 1,
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else (eos,),
+    )
+
+
+def _hf_tokenizer_source(path: Path) -> Path:
+    """The directory's own tokenizer, else SmolLM2's (load_tokenizer checks the vocabulary)."""
+    return path if (path / "tokenizer_config.json").exists() else smollm2_gguf_path()

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from libs.kernels.nvfp4 import reference
-from libs.kernels.nvfp4.format import BLOCK, GLOBAL_DIVISOR
+from libs.kernels.nvfp4.format import BLOCK
 
 NATIVE = "native"
 NVFP4 = "nvfp4"
@@ -114,9 +114,7 @@ class Nvfp4PageFormat:
         if not torch.isfinite(pages).all():
             raise ValueError("KV contains NaN or Inf; NVFP4 cannot encode them")
         n = pages.shape[0]
-        amax = pages.abs().amax(dim=(3, 4, 5)).float()  # [n, L, 2], as global_scale does
-        s2 = amax / GLOBAL_DIVISOR
-        s2 = torch.where(s2 > 0, s2, 1.0)
+        s2 = reference.global_scale_from_amax(pages.abs().amax(dim=(3, 4, 5)).float())  # [n, L, 2]
         packed, scales = reference.quantize(pages, s2[..., None, None, None])
         parts = [
             s2.reshape(n, -1).view(torch.uint8),

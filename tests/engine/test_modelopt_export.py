@@ -14,25 +14,18 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from libs.engine.engine import DecodeSeq, Engine
-from libs.engine.kvpool import KvPool
 from libs.engine.loader import load_model
 from libs.engine.modelopt import FUSED
 from libs.engine.nvfp4 import LINEARS, Nvfp4Weight
+
+from .helpers import engine_for, greedy_logits
 
 DATA = Path(__file__).parent / "data"
 EXPORTS = {"W4A16_NVFP4": DATA / "modelopt_tiny_w4a16", "NVFP4": DATA / "modelopt_tiny_w4a4"}
 
 
-def _logits(loaded, prompt: list[int], steps: int = 3) -> torch.Tensor:
-    engine = Engine(loaded.config, loaded.weights, KvPool(loaded.config, 8, 16))
-    pages = engine.pool.alloc(engine.pool.pages_for(len(prompt) + steps))
-    out = [engine.prefill(prompt, pages)]
-    for i in range(steps):
-        token = int(out[-1].argmax())
-        out.append(engine.decode_step([DecodeSeq(pages, len(prompt) + i, token)])[0])
-    engine.pool.free(pages)
-    return torch.stack(out)
+def _logits(loaded, prompt: list[int]) -> torch.Tensor:
+    return greedy_logits(engine_for(loaded), prompt, steps=3)
 
 
 def test_fixtures_are_what_modelopt_wrote():

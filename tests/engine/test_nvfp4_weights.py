@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from libs.engine.config import ModelConfig
-from libs.engine.engine import DecodeSeq, Engine
+from libs.engine.engine import Engine
 from libs.engine.generate import generate
 from libs.engine.kvpool import KvPool
 from libs.engine.loader import load_model
@@ -28,6 +28,8 @@ from libs.engine.modelopt import HF_QUANT_CONFIG, CheckpointError, export_nvfp4
 from libs.engine.nvfp4 import LINEARS, Nvfp4Weight, linear, quantize_layer_linears
 from libs.engine.sampling import SamplingParams
 from libs.kernels import dequantize_nvfp4, nvfp4_linear, quantize_nvfp4
+
+from .helpers import engine_for, greedy_logits
 
 SPECS = ["tiny", "random:smollm2"]
 _CACHE: dict[tuple, object] = {}
@@ -41,25 +43,9 @@ def _loaded(spec: str, fmt: str, dtype: torch.dtype = torch.float32):
     return _CACHE[key]
 
 
-def _engine(loaded, num_pages: int = 16) -> Engine:
-    pool = KvPool(loaded.config, num_pages, 16, dtype=loaded.weights.dtype)
-    return Engine(loaded.config, loaded.weights, pool)
-
-
 def _prompt(config: ModelConfig, n: int = 40, seed: int = 0) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(3, config.vocab_size, (n,), generator=gen).tolist()
-
-
-def _logits(engine: Engine, prompt: list[int], steps: int = 2) -> torch.Tensor:
-    """Prefill logits then `steps` greedy decode steps' logits, [1 + steps, vocab]."""
-    pages = engine.pool.alloc(engine.pool.pages_for(len(prompt) + steps))
-    out = [engine.prefill(prompt, pages)]
-    for i in range(steps):
-        token = int(out[-1].argmax())
-        out.append(engine.decode_step([DecodeSeq(pages, len(prompt) + i, token)])[0])
-    engine.pool.free(pages)
-    return torch.stack(out)
 
 
 def _shards(config: ModelConfig) -> dict[str, list[int]]:
@@ -163,8 +149,8 @@ def test_packed_only_path_equals_dense_copy():
         for lw in q.weights.layers
     ])
     prompt = _prompt(q.config)
-    a = _logits(_engine(q), prompt)
-    b = _logits(Engine(q.config, packed_only, KvPool(q.config, 16, 16)), prompt)
+    a = greedy_logits(engine_for(q), prompt)
+    b = greedy_logits(Engine(q.config, packed_only, KvPool(q.config, 16, 16)), prompt)
     assert torch.equal(a, b)
 
 
@@ -194,7 +180,8 @@ def test_checkpoint_round_trip(spec, tmp_path):
         assert torch.equal(back.weights.embed, q.weights.embed)
         assert back.weights.lm_head is back.weights.embed
         prompt = _prompt(q.config)
-        assert torch.equal(_logits(_engine(back), prompt), _logits(_engine(q), prompt))
+        assert torch.equal(greedy_logits(engine_for(back), prompt),
+                           greedy_logits(engine_for(q), prompt))
         if spec != "tiny":
             break  # the second load only re-checks the format switch: once is enough
 
@@ -355,7 +342,7 @@ def test_ignored_scales_and_excluded_modules(tiny_ckpt, tmp_path):
     config excludes (a wildcard here) loads dense and, holding the same values, computes the
     same logits bit for bit."""
     q = _loaded("tiny", "nvfp4")
-    ref = _logits(_engine(q), _prompt(q.config))
+    ref = greedy_logits(engine_for(q), _prompt(q.config))
     lw0 = q.weights.layers[0]
     c = q.config
 
@@ -382,7 +369,7 @@ def test_ignored_scales_and_excluded_modules(tiny_ckpt, tmp_path):
     assert isinstance(back.weights.layers[1].wqkv, torch.Tensor)
     assert isinstance(back.weights.layers[1].w_gate_up, Nvfp4Weight)
     assert torch.equal(back.weights.layers[0].wqkv.packed, lw0.wqkv.packed)
-    assert torch.equal(_logits(_engine(back), _prompt(q.config)), ref)
+    assert torch.equal(greedy_logits(engine_for(back), _prompt(q.config)), ref)
 
 
 # --- the engine ------------------------------------------------------------------------------
@@ -391,7 +378,7 @@ def test_ignored_scales_and_excluded_modules(tiny_ckpt, tmp_path):
 @pytest.mark.parametrize("spec", SPECS)
 def test_nvfp4_engine_generates_greedily(spec):
     q = _loaded(spec, "nvfp4")
-    eng = _engine(q, num_pages=32)
+    eng = engine_for(q, num_pages=32)
     prompt = _prompt(q.config, 30)
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     out = generate(eng, prompt, params)
@@ -431,9 +418,9 @@ def test_nvfp4_logits_close_to_native(spec):
     errs, ctrl, agree = [], [], 0
     for seed in range(3):
         prompt = _prompt(native.config, 40, seed)
-        a = _logits(_engine(native), prompt, steps=0)[0]
-        b = _logits(_engine(q), prompt, steps=0)[0]
-        c = _logits(_engine(noisy), prompt, steps=0)[0]
+        a = greedy_logits(engine_for(native), prompt, steps=0)[0]
+        b = greedy_logits(engine_for(q), prompt, steps=0)[0]
+        c = greedy_logits(engine_for(noisy), prompt, steps=0)[0]
         errs.append(((b - a).norm() / a.norm()).item())
         ctrl.append(((c - a).norm() / a.norm()).item())
         agree += int(a.argmax() == b.argmax())
@@ -444,7 +431,7 @@ def test_nvfp4_logits_close_to_native(spec):
 
 def test_bf16_nvfp4_engine_runs_on_cpu():
     q = _loaded("tiny", "nvfp4", torch.bfloat16)
-    logits = _logits(_engine(q), _prompt(q.config), steps=3)
+    logits = greedy_logits(engine_for(q), _prompt(q.config), steps=3)
     assert logits.dtype == torch.float32 and torch.isfinite(logits).all()
 
 
@@ -475,7 +462,7 @@ def test_cuda_nvfp4_engine_matches_cpu_in_fp32(config):
         cpu, gpu = _device_pair(config, torch.float32)
         assert all(getattr(lw, f).dense is None for lw in gpu.weights.layers for f in LINEARS)
         prompt = _prompt(config, 45)
-        lc, lg = _logits(cpu, prompt, steps=3), _logits(gpu, prompt, steps=3)
+        lc, lg = greedy_logits(cpu, prompt, steps=3), greedy_logits(gpu, prompt, steps=3)
         torch.testing.assert_close(lg.cpu(), lc, atol=2e-2, rtol=2e-2)
         params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
         assert generate(gpu, prompt, params, chunk_size=20) == generate(cpu, prompt, params)
@@ -494,11 +481,11 @@ def test_cuda_bf16_nvfp4_engine_is_as_close_to_fp32_as_the_cpu_one(config):
     differently, and over 30 random layers neither is "the" answer. What must hold: the
     CUDA engine is no further from the same NVFP4 model computed in fp32 than the CPU bf16
     engine is (a wrong scale, nibble or tile would be far further)."""
-    truth = _logits(_device_pair(config, torch.float32)[0], _prompt(config, 45), steps=0)[0]
+    truth = greedy_logits(_device_pair(config, torch.float32)[0], _prompt(config, 45), steps=0)[0]
     cpu, gpu = _device_pair(config, torch.bfloat16)
     prompt = _prompt(config, 45)
-    lc = _logits(cpu, prompt, steps=0)[0]
-    lg = _logits(gpu, prompt, steps=0)[0].cpu()
+    lc = greedy_logits(cpu, prompt, steps=0)[0]
+    lg = greedy_logits(gpu, prompt, steps=0)[0].cpu()
     err_cpu = ((lc - truth).norm() / truth.norm()).item()
     err_gpu = ((lg - truth).norm() / truth.norm()).item()
     print(f"{config.name}: relative error vs fp32, cpu bf16 {err_cpu:.4f}, cuda bf16 {err_gpu:.4f}")

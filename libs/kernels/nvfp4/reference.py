@@ -42,6 +42,12 @@ _MIDPOINTS = tuple((lo + hi) / 2 for lo, hi in zip(E2M1_GRID, E2M1_GRID[1:], str
 def global_scale(x: torch.Tensor) -> torch.Tensor:
     """Decode-form per-tensor scale s2 = amax / 2688 (fp32, 0-d); 1.0 when that is 0."""
     amax = x.abs().amax().float() if x.numel() else x.new_zeros((), dtype=torch.float32)
+    return global_scale_from_amax(amax)
+
+
+def global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """s2 = amax / 2688 elementwise (fp32 amax, any shape: one per tensor of a batch), 1.0
+    where that is 0."""
     # Divide by a tensor, not a Python number: on CUDA, torch turns division by a Python
     # scalar into a multiplication by its rounded reciprocal, which can differ from the IEEE
     # quotient (and from the CPU) in the last bit. On the CPU both forms are the same.
