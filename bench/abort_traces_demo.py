@@ -75,8 +75,9 @@ async def demo(db: Path) -> None:
             tg.start_soon(kill)
             print("prefill dies:", await request(router))
         await anyio.sleep(2)  # the last spans reach the store
-    finally:
-        await anyio.to_thread.run_sync(mesh.stop)
+    finally:  # stop the mesh even when the demo is cancelled (Ctrl-C); mesh.stop waits 30 s
+        with anyio.move_on_after(35, shield=True):
+            await anyio.to_thread.run_sync(mesh.stop)
     print(f"\n$ pdmesh traces --db {db} --aborted")
     subprocess.run([sys.executable, "-m", "pdmesh.cli", "traces", "--db", str(db), "--aborted"],
                    check=False)
