@@ -1,6 +1,6 @@
 """Benchmark the Triton NVFP4 kernels on one CUDA GPU: prints a table, writes JSON.
 
-    python -m bench.nvfp4_kernels_bench [--out DIR] [--quick] [--tune]
+    python -m bench.nvfp4_kernels_bench [--out DIR] [--quick] [--tune] [--stream-baseline F]
 
 What is measured (all in one run, so the ceilings and the kernels share the card's state):
 - Copy ceiling: `dst.copy_(src)` of 1 GiB, bytes read + written.
@@ -37,6 +37,7 @@ from libs.kernels.nvfp4 import reference, triton_impl
 L2_FLUSH_BYTES = 192 * 2**20
 TUNE_M = (1, 64, 256)  # --tune-m: the token counts --tune times alternatives for
 BASELINE = None  # --baseline: another linear_kernels module, timed beside the current one
+STREAM_BASELINE = None  # --stream-baseline: another triton_impl module, timed beside this one
 
 
 def graph_time_ms(calls, reps: int = 7) -> float:
@@ -137,15 +138,38 @@ def stream_bench(copy_gbs: float, results: dict, tune: bool) -> list[str]:
             rows.append(f"| {op} {name} [{n}x{k}] | {ms * 1e3:8.1f} us | {gbs:7.0f} GB/s "
                         f"| {100 * gbs / copy_gbs:5.1f}% | {ms_ref * 1e3:8.1f} us "
                         f"| {ms_ref / ms:5.1f}x |")
-            if tune:  # blocks per program x warps
-                launch = triton_impl._quantize if op == "quantize" else triton_impl._dequantize
+            if STREAM_BASELINE is not None:
+                base = getattr(STREAM_BASELINE, op)
                 args = (x, s2) if op == "quantize" else (packed, scales, s2, dtype)
+                base_out = base(*args)
+                this_out = fn()
+                same = all(torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+                           for a, b in zip(base_out if op == "quantize" else [base_out],
+                                           this_out if op == "quantize" else [this_out],
+                                           strict=True))
+                ms_base = graph_time_ms([lambda f=base, a=args: f(*a)] * 10)
+                results["stream"][-1].update(baseline_ms=ms_base, baseline_same_bytes=same,
+                                             speedup_vs_baseline=ms_base / ms)
+                rows.append(f"| {op} {name} baseline | {ms_base * 1e3:8.1f} us "
+                            f"| {nbytes / ms_base / 1e6:7.0f} GB/s "
+                            f"| {100 * nbytes / ms_base / 1e6 / copy_gbs:5.1f}% "
+                            f"| this kernel {ms_base / ms:4.2f}x faster | same bytes: {same} |")
+            if tune and op == "quantize":  # blocks per tile x warps x programs per SM
+                for blocks, warps in ((64, 2), (128, 4), (256, 8), (128, 2), (256, 4)):
+                    for per_sm in (2, 4, 8, 16, 32):
+                        t = graph_time_ms([lambda a=(x, s2, blocks, warps, per_sm):
+                                           triton_impl._quantize(*a)] * 10)
+                        results["stream_tune"].append(dict(op=op, dtype=name, blocks=blocks,
+                                                           warps=warps, per_sm=per_sm,
+                                                           us=t * 1e3, gbs=nbytes / t / 1e6))
+            elif tune:  # blocks per program x warps
+                args = (packed, scales, s2, dtype)
                 for blocks in (64, 128, 256, 512):
                     for warps in (2, 4, 8):
                         if blocks < 32 * warps:
                             continue
-                        t = graph_time_ms([lambda f=launch, a=args, b=blocks, w=warps:
-                                           f(*a, b, w)] * 10)
+                        t = graph_time_ms([lambda a=args, b=blocks, w=warps:
+                                           triton_impl._dequantize(*a, b, w)] * 10)
                         results["stream_tune"].append(dict(op=op, dtype=name, blocks=blocks,
                                                            warps=warps, us=t * 1e3,
                                                            gbs=nbytes / t / 1e6))
@@ -258,6 +282,17 @@ def tune_configs(x, qs, n_fp4, reps, m, n, k):
     return out
 
 
+def _load_module(name: str, path: str):
+    """A kernel file of another version, as a module of libs.kernels.nvfp4 (so its relative
+    imports resolve), to time beside the current one."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
@@ -268,6 +303,8 @@ def main(argv=None) -> int:
     ap.add_argument("--linear-only", action="store_true", help="skip quantize/dequantize")
     ap.add_argument("--shapes", default="", help="comma list of smollm2,square,large")
     ap.add_argument("--baseline", default="", help="another linear_kernels.py to time too")
+    ap.add_argument("--stream-baseline", default="",
+                    help="another triton_impl.py whose quantize/dequantize are timed too")
     args = ap.parse_args(argv)
     import triton
 
@@ -282,14 +319,13 @@ def main(argv=None) -> int:
     t0 = time.time()
     copy_gbs = copy_bandwidth()
     results["copy_gbs"] = copy_gbs
+    global STREAM_BASELINE
+    if args.stream_baseline:
+        STREAM_BASELINE = _load_module("libs.kernels.nvfp4._baseline_impl", args.stream_baseline)
     stream_rows = [] if args.linear_only else stream_bench(copy_gbs, results, args.tune)
     global BASELINE
     if args.baseline:
-        import importlib.util
-        spec = importlib.util.spec_from_file_location("libs.kernels.nvfp4._baseline_lk",
-                                                      args.baseline)
-        BASELINE = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(BASELINE)
+        BASELINE = _load_module("libs.kernels.nvfp4._baseline_lk", args.baseline)
     shapes = [("smollm2 q/o", 576, 576), ("smollm2 k/v", 192, 576),
               ("smollm2 gate/up", 1536, 576), ("smollm2 down", 576, 1536),
               ("square 4096", 4096, 4096)]
@@ -321,6 +357,7 @@ def main(argv=None) -> int:
     print("\n".join(linear_rows))
     for t in results["stream_tune"]:
         print(f"tune {t['op']} {t['dtype']}: blocks={t['blocks']} warps={t['warps']} "
+              f"per_sm={t.get('per_sm', '-')} "
               f"{t['us']:.1f} us {t['gbs']:.0f} GB/s ({100 * t['gbs'] / copy_gbs:.1f}%)")
     for e in results["linear"]:
         for t in e.get("tune", []):

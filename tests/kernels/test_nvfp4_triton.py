@@ -152,6 +152,67 @@ def test_quantize_subnormal_and_signed_zero_inputs(dtype):
         assert_quantize_matches_reference(x, gs)
 
 
+# The kernel's division-free path runs for s2 in [2^-80, 2^80]; outside, every element is
+# divided. These s2 sit on both sides of each edge.
+FAST_PATH_EDGES = [2.0**-80, 2.0**-80 * 0.99, 2.0**80, 2.0**80 * 1.01]
+
+
+def _neighbours(value: float, dtype: torch.dtype, count: int = 3) -> torch.Tensor:
+    """`value` rounded to `dtype` and its `count` nearest representable values either side
+    (positive values only: adjacent bit patterns are adjacent values)."""
+    int_type = {2: torch.int16, 4: torch.int32}[torch.finfo(dtype).bits // 8]
+    centre = torch.tensor(value, dtype=torch.float64).to(dtype).view(int_type).item()
+    steps = torch.arange(centre - count, centre + count + 1).clamp(min=0).to(int_type)
+    return steps.view(dtype)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "s2"),
+    [
+        (torch.float32, 1.0),
+        (torch.float32, 0.37),
+        (torch.float32, 2.0**70),
+        (torch.bfloat16, 2.0**10),
+    ],
+    ids=["fp32-s2=1", "fp32-s2=0.37", "fp32-s2=2^70", "bf16-s2=2^10"],
+)
+def test_quantize_sign_of_quotients_that_underflow(dtype, s2):
+    # A negative x whose quotient x / d rounds to -0.0 gets code 0x0, one that stays below
+    # zero gets 0x8: the boundary is x = -d * 2^-150 (a tie, which rounds to -0.0). The
+    # kernel decides it with an exact compare rather than the quotient; these elements sit
+    # on the representable values nearest that boundary for many per-block divisors d.
+    g = torch.Generator().manual_seed(23)
+    s_b = torch.empty(64).uniform_(1.0, 448.0, generator=g)
+    s_b[:4] = torch.tensor([2.0, 1.875, 448.0, 64.0])  # d = 2 puts the tie on the fp32 grid
+    anchors = (6 * s_b * s2).to(dtype).float()
+    alone = torch.zeros(len(anchors), 16)
+    alone[:, -1] = anchors  # each row's block scale is set by its anchor alone
+    d = reference.block_scales(alone, torch.tensor(s2)).float()[:, 0] * s2
+    rows = []
+    for anchor, divisor in zip(anchors.tolist(), d.tolist(), strict=True):
+        near = _neighbours(divisor * 2.0**-150, dtype).float()
+        row = torch.cat([-near, near[:1], -near[:1]])
+        pad = torch.full((15 - len(row),), -near[-1].item())
+        rows.append(torch.cat([row, pad, torch.tensor([anchor])]))
+    x = torch.stack(rows).to(dtype)
+    packed, _, _ = assert_quantize_matches_reference(x, s2)
+    codes = reference.unpack(packed.cpu())
+    assert (codes == 8).any() and (codes == 0).any(), "the boundary was not straddled"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("s2", FAST_PATH_EDGES, ids=["2^-80", "below", "2^80", "above"])
+def test_quantize_at_the_edges_of_the_division_free_range(dtype, s2):
+    # Near 2^-80 with fp32 inputs up to 3e38 the quotients overflow fp32 (inf, or NaN from
+    # inf - inf inside the correction step): they must saturate to 6 like the true quotient.
+    # Near 2^80 every block scale is clamped to 2^-9 and most quotients round to 0.
+    x = random_input((32, 256), dtype, "blocks", seed=29)
+    big = torch.finfo(dtype).max
+    x[0, :16] = torch.tensor([big, -big, big / 3, 1.0, -1.0, 0.0, -0.0, 2.0**-100] * 2).to(dtype)
+    assert_quantize_matches_reference(x, s2)
+    assert_quantize_matches_reference(x * 1e-3, s2)
+
+
 def test_quantize_all_zero_and_empty():
     assert_quantize_matches_reference(torch.zeros(3, 48, dtype=torch.bfloat16))
     packed, scales, s2 = quantize_nvfp4(torch.empty(0, 32, device=CUDA))

@@ -1,0 +1,232 @@
+"""Triton quantize kernel for NVFP4, bit-exact with reference.quantize (and so ModelOpt).
+
+Every step is the reference's IEEE fp32 operation in the same order: the block amax, one
+rounded product 6 * s2, a correctly rounded division for the block scale (`tl.div_rn`:
+Triton's plain `/` on fp32 is approximate), the e4m3 rounding (nearest even, with integer
+ops; the clamp to [2^-9, 448] first, as in the reference), the rounded product
+d = fp32(s_b) * s2, then per element the E2M1 code of fl(x / d), round to nearest even,
+with the reference's saturation and sign rules.
+
+Speed: an 8192 x 8192 quantize moves 164 MB (bf16 in) or 292 MB (fp32 in), so at an H200's
+~4.2 TB/s it has ~40-70 us, and per element only a few dozen instructions fit in that.
+Three things keep it there:
+- no division per element: fl(x / d) comes from the block's reciprocal and Markstein
+  correction steps, exact for every input (_codes_fast's docstring, and
+  tests/kernels/test_markstein.py); a correctly rounded division costs ~11 instructions
+  per element and made this kernel instruction-bound;
+- one thread owns whole blocks (two 16-byte halves for 16-bit inputs, four quarters for
+  fp32), so the amax and the block scale need no shuffles and are computed once;
+- each program loops over tiles and loads the next tile before encoding this one, so a
+  thread's loads are in flight while it computes (one tile per program left the memory
+  system idle between a warp's load and its long stretch of arithmetic).
+"""
+
+import triton
+import triton.language as tl
+
+# s2 range of the division-free path: every d = fp32(s_b) * s2 is then in [2^-89, 2^89],
+# far from fp32's underflow and overflow (see _codes_fast). Outside it (only a caller's
+# global_scale, or a tensor near fp32's limits, gets there) each element is divided.
+FAST_S2_MIN = 2.0**-80
+FAST_S2_MAX = 2.0**80
+
+
+@triton.jit
+def _round_e4m3(s):
+    """fp32 s in [2^-9, 448] -> (s rounded to nearest even on the e4m3 grid, as fp32; its
+    float8_e4m3fn byte).
+
+    Done with integer ops rather than Triton's fp32 -> fp8 cast so that the rounding mode is
+    written here, not left to a lowering (the CPU interpreter's cast does not round).
+    - s >= 2^-6 (normal e4m3, 3 mantissa bits): round the fp32 bits at bit 20, ties to even,
+      and the byte is the rounded exponent/mantissa field rebiased from 127 to 7
+      ((bits >> 20) - (120 << 3)). A carry into the exponent is the right answer.
+    - s < 2^-6 (subnormal, steps of 2^-9): the number of steps, 1..8, is the byte itself
+      (8 is 0x08 = 2^-6, the smallest normal)."""
+    bits = s.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
+    # 2^14 has an fp32 ulp of 2^-9: adding it rounds s to a multiple of 2^-9 (nearest
+    # even), and the low bits of the sum count those steps.
+    steps = (s + 16384.0).to(tl.int32, bitcast=True) - 0x46800000
+    is_normal = s >= 0.015625
+    subnormal = steps.to(tl.float32) * 0.001953125  # exact
+    rounded = tl.where(is_normal, bits.to(tl.float32, bitcast=True), subnormal)
+    byte = tl.where(is_normal, (bits >> 20) - 960, steps)
+    return rounded, byte
+
+
+@triton.jit
+def _block_divisor(amax, s2):
+    """Block amax -> (d = fp32(s_b) * s2, the e4m3 byte of s_b), as reference.block_scales."""
+    s_b = tl.div_rn(amax, 6.0 * s2)  # the product 6 * s2 is rounded first
+    s_b = tl.where(s_b == 0.0, 1.0, s_b)  # all-zero block: store 1.0
+    s_b = tl.minimum(tl.maximum(s_b, 0.001953125), 448.0)  # [2^-9, 448]
+    s_rounded, s_byte = _round_e4m3(s_b)
+    return s_rounded * s2, s_byte
+
+
+@triton.jit
+def _magnitude_code(b, q):
+    """E2M1 magnitude code (0..7) of a non-negative fp32 q whose bits, capped at those of
+    6.0, are b; round to nearest even on {0, 0.5, 1, 1.5, 2, 3, 4, 6}:
+    - q >= 1: the grid is a float with one mantissa bit, so round b at bit 22 (ties to
+      even); the rounded exponent/mantissa field minus 252 is the code (6.0 gives 7);
+    - q < 1: the grid step is 0.5; adding 2^22 (whose fp32 ulp is 0.5) rounds q to a
+      multiple of 0.5, ties to even, and the low bits of the sum count the halves."""
+    big = (b + (0x1FFFFF - (252 << 22)) + ((b >> 22) & 1)) >> 22
+    small = (q + 4194304.0).to(tl.int32, bitcast=True) - 0x4A800000
+    return tl.where(b < 0x3F800000, small, big)
+
+
+@triton.jit
+def _codes_fast(x, d, y, neg_bound, STEPS: tl.constexpr):
+    """E2M1 codes (int32 0..15) of fl(x / d), without a division per element.
+
+    The quotient: q = fl(|x| * y) with y = fl(1 / d), then STEPS Markstein corrections
+    q += fl(|x| - q d) * y, each two fused multiply-adds. One step gives exactly fl(|x| / d)
+    for every bf16 and fp16 significand against every fp32 d (exhaustive:
+    tests/kernels/markstein_check.c); two steps are the textbook proof for fp32 x (the
+    first makes q faithful, Markstein's theorem does the rest). Valid while no step
+    underflows or overflows, which the s2 range ensures for every quotient that can reach
+    0.25, the smallest one with a nonzero magnitude code. A quotient beyond fp32 ends as
+    inf or as the NaN of inf - inf: both saturate to 6 here, as the true quotient does.
+
+    The sign is exact on its own: the reference's `fl(x / d) < 0` holds exactly when
+    x < -d * 2^-150 (below that the quotient rounds to -0.0), and neg_bound is the bits of
+    d * 2^-150 rounded down to an fp32, so an unsigned compare of x's bits decides it
+    (negative x have the sign bit set; -0.0 never passes)."""
+    ax = tl.abs(x)
+    q = ax * y
+    for _ in tl.static_range(STEPS):
+        q = tl.fma(tl.fma(-q, d, ax), y, q)
+    negative = x.to(tl.uint32, bitcast=True) > (0x80000000 | neg_bound.to(tl.uint32))
+    return _magnitude_code_fp(q) + tl.where(negative, 8, 0)
+
+
+@triton.jit
+def _magnitude_code_fp(q):
+    """E2M1 magnitude code (0..7) of a non-negative fp32 q (inf and NaN saturate), mostly
+    in fp32 arithmetic, which has twice the integer unit's throughput.
+
+    The code is min(RNE(2q), RNE(q) + 2, RNE(q / 2) + 4, 7): each term is the code on one
+    stretch of the grid (steps of 0.5 below 2, of 1 from 2 to 4, of 2 above), with the
+    grid's ties to even, and is larger than the code elsewhere. Each RNE is one rounded
+    addition of 2^23 (an fp32 ulp of 1 there), so the sums are integers 2^23 + code,
+    compared as floats: a NaN loses every comparison, so min(NaN, 2^23 + 7) is 7."""
+    t1 = tl.fma(q, 2.0, 8388608.0)
+    t2 = q + 8388610.0  # 2^23 + 2
+    t3 = tl.fma(q, 0.5, 8388612.0)  # 2^23 + 4
+    m = tl.minimum(tl.minimum(tl.minimum(t1, t2), t3), 8388615.0)
+    return m.to(tl.int32, bitcast=True) - 0x4B000000
+
+
+@triton.jit
+def _codes_divided(x, d):
+    """E2M1 codes of fl(x / d) through a correctly rounded division, for any d > 0 or 0:
+    d * 2^-150 or 1 / d may leave fp32's range here, and d may be 0 (then x / d is inf,
+    which saturates, or the NaN of 0 / 0, which the reference encodes as 0)."""
+    q = tl.div_rn(x, d)
+    b = tl.minimum(q.to(tl.uint32, bitcast=True) & 0x7FFFFFFF, 0x40C00000).to(tl.int32)
+    code = tl.where(q != q, 0, _magnitude_code(b, tl.abs(q)))
+    return code | tl.where(q < 0, 8, 0)
+
+
+@triton.jit
+def _codes(x, d, y, neg_bound, FAST: tl.constexpr, STEPS: tl.constexpr):
+    if FAST:
+        return _codes_fast(x, d[:, None], y[:, None], neg_bound[:, None], STEPS)
+    else:
+        return _codes_divided(x, d[:, None])
+
+
+@triton.jit
+def _word(codes, W: tl.constexpr):
+    """[R, W] codes -> [R] int32: code i in bits 4i..4i+3 (element 2i in the low nibble of
+    byte i, so the word's little-endian bytes are the packed bytes)."""
+    return tl.sum(codes << (tl.arange(0, W) * 4)[None, :], axis=1)
+
+
+@triton.jit
+def _load_tile(x_ptr, tile, n_blocks, BLOCKS: tl.constexpr, W: tl.constexpr):
+    """A tile of BLOCKS blocks as four [BLOCKS, W] parts of 16 bytes each (W = 8 for 16-bit
+    inputs, whose parts 2 and 3 are then empty; W = 4 for fp32), so that one thread owns a
+    whole block: Triton gives a thread at most 16 contiguous bytes of a row."""
+    blocks = tile.to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)  # int64: > 2^31 elements
+    row = x_ptr + blocks[:, None] * 16 + tl.arange(0, W)[None, :]
+    mask = blocks[:, None] < n_blocks
+    x0 = tl.load(row, mask=mask, other=0.0)
+    x1 = tl.load(row + W, mask=mask, other=0.0)
+    if W == 4:
+        x2 = tl.load(row + 8, mask=mask, other=0.0)
+        x3 = tl.load(row + 12, mask=mask, other=0.0)
+    else:
+        x2 = x0
+        x3 = x1
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _quantize_tile(
+    x0, x1, x2, x3, tile, s2, packed_ptr, scales_ptr, n_blocks,
+    BLOCKS: tl.constexpr, W: tl.constexpr, FAST: tl.constexpr, STEPS: tl.constexpr,
+):  # fmt: skip
+    x0 = x0.to(tl.float32)  # exact for bf16/fp16
+    x1 = x1.to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(x0), axis=1), tl.max(tl.abs(x1), axis=1))
+    if W == 4:
+        x2 = x2.to(tl.float32)
+        x3 = x3.to(tl.float32)
+        amax = tl.maximum(amax, tl.max(tl.abs(x2), axis=1))
+        amax = tl.maximum(amax, tl.max(tl.abs(x3), axis=1))
+    d, s_byte = _block_divisor(amax, s2)
+    y = d
+    neg_bound = d.to(tl.int32, bitcast=True)
+    if FAST:
+        y = tl.div_rn(1.0, d)
+        # d * 2^-150 rounded down: subnormal (floor(d / 2) steps of 2^-149) below d = 2^24.
+        neg_bound = tl.where(d < 16777216.0, (d * 0.5).to(tl.int32), neg_bound - (150 << 23))
+    word0 = _word(_codes(x0, d, y, neg_bound, FAST, STEPS), W)
+    word1 = _word(_codes(x1, d, y, neg_bound, FAST, STEPS), W)
+    if W == 4:
+        word0 = word0 | (word1 << 16)
+        word1 = _word(_codes(x2, d, y, neg_bound, FAST, STEPS), W)
+        word1 = word1 | (_word(_codes(x3, d, y, neg_bound, FAST, STEPS), W) << 16)
+    blocks = tile.to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
+    in_range = blocks < n_blocks
+    words = tl.join(word0, word1)  # [BLOCKS, 2]: the block's 8 bytes
+    tl.store(
+        packed_ptr + blocks[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=in_range[:, None]
+    )
+    tl.store(scales_ptr + blocks, s_byte.to(tl.uint8), mask=in_range)
+
+
+@triton.jit
+def quantize_kernel(
+    x_ptr,  # [n_blocks * 16] bf16/fp16/fp32, contiguous
+    packed_ptr,  # [n_blocks * 2] int32 (the packed bytes, 4 per word)
+    scales_ptr,  # [n_blocks] uint8 (the bytes of float8_e4m3fn)
+    s2_ptr,  # 0-d fp32: decode-form global scale
+    n_blocks,
+    BLOCKS: tl.constexpr,  # blocks of 16 per tile: one per thread
+    W: tl.constexpr,  # elements per 16 bytes of x: 8 (bf16, fp16) or 4 (fp32)
+    STEPS: tl.constexpr,  # Markstein steps: 1 for 16-bit inputs, 2 for fp32
+    FAST_S2_MIN: tl.constexpr,
+    FAST_S2_MAX: tl.constexpr,
+):
+    """Tiles pid, pid + programs, ...; each loaded one iteration ahead of its encoding."""
+    n_tiles = tl.cdiv(n_blocks, BLOCKS)
+    programs = tl.num_programs(0)
+    s2 = tl.load(s2_ptr)
+    fast = (s2 >= FAST_S2_MIN) & (s2 <= FAST_S2_MAX)
+    tile = tl.program_id(0)
+    x0, x1, x2, x3 = _load_tile(x_ptr, tile, n_blocks, BLOCKS, W)
+    while tile < n_tiles:
+        n0, n1, n2, n3 = _load_tile(x_ptr, tile + programs, n_blocks, BLOCKS, W)
+        if fast:
+            _quantize_tile(x0, x1, x2, x3, tile, s2, packed_ptr, scales_ptr, n_blocks,
+                           BLOCKS, W, True, STEPS)  # fmt: skip
+        else:
+            _quantize_tile(x0, x1, x2, x3, tile, s2, packed_ptr, scales_ptr, n_blocks,
+                           BLOCKS, W, False, STEPS)  # fmt: skip
+        x0, x1, x2, x3 = n0, n1, n2, n3
+        tile += programs
