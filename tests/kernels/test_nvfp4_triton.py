@@ -422,22 +422,17 @@ def test_linear_tile_configs(cfg, asm, _full_precision_reductions):
         assert ((out.double() - exact).abs() <= (2.0**-8 + k * 2.0**-22) * mag + 1e-30).all()
 
 
-# Diagnostics (non-strict xfail) for X_PERMUTED, which no pick uses: with x read by the MMAs
-# from shared memory Triton 3.6 leaves wgmmas in flight while the next step's decode
-# overwrites their A registers (see linear_kernels.permute_x). On the H200: asm + X_PERMUTED
-# XFAIL, the other three XPASS (a race can pass by timing; X_PERMUTED=False is the control).
-@pytest.mark.xfail(strict=False, reason="X_PERMUTED races (wgmma A registers overwritten)")
-@pytest.mark.parametrize("xperm", [True, False])
+# fp16 at M = 256 with the wide 8-warp tile: where an earlier variant (x fed to the MMAs
+# from shared memory, since removed) raced on the H200. Both decodes must hold the bound.
 @pytest.mark.parametrize("asm", [True, False])
-def test_linear_fp16_large_m_configs(xperm, asm, _full_precision_reductions):
+def test_linear_fp16_large_m_configs(asm, _full_precision_reductions):
     from libs.kernels.nvfp4 import linear_kernels as lk
 
     n, k, m = 4096, 4096, 256
     packed, scales, s2 = make_weight(n, k, torch.float16, seed=n + k)
     w = reference.dequantize(packed, scales, s2, torch.float32).double()
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.float16).to(CUDA)
-    cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, SPLIT_K=4,
-               X_PERMUTED=xperm)
+    cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, SPLIT_K=4)
     out = torch.full((m, n), float("nan"), device=CUDA, dtype=torch.float16)
     lk.launch(x, packed, scales, s2.to(CUDA), None, out, cfg, decode_asm=asm)
     exact = x.double() @ w.T

@@ -156,7 +156,6 @@ def _linear_kernel(
     SCALE_LOG2: tl.constexpr,
     OUT_LOG2: tl.constexpr,
     DECODE_ASM: tl.constexpr,
-    X_PERMUTED: tl.constexpr,  # x already in the MMA's K order (UNSAFE, see permute_x)
     K_INTERLEAVE: tl.constexpr,  # split programs take interleaved K steps
 ):
     pid_n = tl.program_id(0)
@@ -210,9 +209,8 @@ def _linear_kernel(
         # produces, so nothing is shuffled between the load and the tensor cores.
         w = tl.reshape(tl.join(lo, hi), (BLOCK_N, 4, C, 2, 2))
         w = tl.reshape(tl.permute(w, (0, 2, 4, 1, 3)), (BLOCK_N, BLOCK_K))
-        if not X_PERMUTED:  # else launch() permuted x once (permute_x), not every program
-            xt = tl.reshape(xt, (BLOCK_M, 4, C, 2, 2))
-            xt = tl.reshape(tl.permute(xt, (0, 2, 4, 1, 3)), (BLOCK_M, BLOCK_K))
+        xt = tl.reshape(xt, (BLOCK_M, 4, C, 2, 2))
+        xt = tl.reshape(tl.permute(xt, (0, 2, 4, 1, 3)), (BLOCK_M, BLOCK_K))
         acc = tl.dot(w, tl.trans(xt), acc)
         w_ptrs += K_STEP // 2
         s_ptrs += K_STEP // 16
@@ -302,8 +300,9 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     else:
         cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
                    DECODE_ASM=False)
-        # (X_PERMUTED with the PTX decode measured 280 vs 312 us here, but is unsafe: see
-        # permute_x. Not picked.)
+        # (x permuted once in memory and fed to the MMAs from shared memory measured 280 vs
+        # 312 us here, but Triton 3.6 then lets the next step's decode overwrite registers
+        # that in-flight wgmmas still read: a race, removed. docs/notes/nvfp4-triton.md.)
     # The masked K path (K not a multiple of BLOCK_K * SPLIT_K) loses the 16-byte loads and
     # measured 3.5x slower, so take the largest K step (down to 16, which always divides K)
     # that divides K, and only splits that divide the number of steps.
@@ -320,32 +319,11 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     return cfg
 
 
-def permute_x(x2: torch.Tensor, bk: int) -> torch.Tensor:
-    """x2 [M, K] with each BLOCK_K step put in the kernel's MMA K order (see the kernel:
-    position 4Cq + 4c + 2e + n of a step goes to 16c + 8n + 2q + e, C = BLOCK_K / 16), so
-    the programs feed x to the tensor cores straight from shared memory.
-
-    UNSAFE with Triton 3.6, kept only as a benchmark variant: with x read by the MMAs from
-    the pipelined shared-memory buffer, Triton issues the step's wgmmas asynchronously and
-    waits only for `wgmma.wait_group 3` inside the loop (read in the SASS: `WARPGROUP.DEPBAR.LE
-    gsb0, 0x3`), while the next step's decode overwrites the registers that hold those
-    wgmmas' A operand (the decoded weights): undefined behaviour per the PTX ISA. On the
-    H200, fp16 with the PTX decode failed the linear's error bound at 4096 x 4096, M = 256
-    (tests: test_linear_fp16_large_m_configs); bf16 passed, by luck of timing. Without
-    X_PERMUTED every pick waits for all wgmmas (`DEPBAR.LE gsb0, 0x0`) before the loop goes on."""
-    m, k = x2.shape
-    c = bk // 16
-    return x2.view(m, k // bk, 4, c, 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(m, k)
-
-
 def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
     """Run the kernel on x2 [M, K] (unit stride along K) into out [M, N] with config cfg."""
     m, k = x2.shape
     n = packed.shape[0]
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
-    x_perm = bool(cfg.get("X_PERMUTED")) and k % bk == 0
-    if x_perm:
-        x2 = permute_x(x2, bk)
     k_iters = triton.cdiv(triton.cdiv(k, bk), split)
     grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), split)
     tiles = grid[0] * grid[1]
@@ -362,7 +340,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
         HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split,
         EVEN_K=k == bk * k_iters * split, SCALE_LOG2=scale_log2, OUT_LOG2=out_log2,
         DECODE_ASM=cfg.get("DECODE_ASM", DECODE_ASM) if decode_asm is None else decode_asm,
-        X_PERMUTED=x_perm, K_INTERLEAVE=bool(cfg.get("K_INTERLEAVE")) and split > 1,
+        K_INTERLEAVE=bool(cfg.get("K_INTERLEAVE")) and split > 1,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
     )

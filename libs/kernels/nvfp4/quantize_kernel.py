@@ -98,7 +98,7 @@ def _codes_fast(x, d, y, neg_bound, STEPS: tl.constexpr):
     ax = tl.abs(x)
     q = ax * y
     for _ in tl.static_range(STEPS):
-        q = tl.fma(tl.fma(-q, d, ax), y, q)
+        q = tl.fma(tl.fma(q, -d, ax), y, q)  # -d, not -q: q's product stays shared
     negative = x.to(tl.uint32, bitcast=True) > (0x80000000 | neg_bound.to(tl.uint32))
     return _magnitude_code_fp(q) + tl.where(negative, 8, 0)
 
@@ -150,15 +150,16 @@ def _word(codes, W: tl.constexpr):
 def _load_tile(x_ptr, tile, n_blocks, BLOCKS: tl.constexpr, W: tl.constexpr):
     """A tile of BLOCKS blocks as four [BLOCKS, W] parts of 16 bytes each (W = 8 for 16-bit
     inputs, whose parts 2 and 3 are then empty; W = 4 for fp32), so that one thread owns a
-    whole block: Triton gives a thread at most 16 contiguous bytes of a row."""
+    whole block: Triton gives a thread at most 16 contiguous bytes of a row. Masked lanes
+    are left undefined (no zero fill): their results are never stored."""
     blocks = tile.to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)  # int64: > 2^31 elements
     row = x_ptr + blocks[:, None] * 16 + tl.arange(0, W)[None, :]
     mask = blocks[:, None] < n_blocks
-    x0 = tl.load(row, mask=mask, other=0.0)
-    x1 = tl.load(row + W, mask=mask, other=0.0)
+    x0 = tl.load(row, mask=mask)
+    x1 = tl.load(row + W, mask=mask)
     if W == 4:
-        x2 = tl.load(row + 8, mask=mask, other=0.0)
-        x3 = tl.load(row + 12, mask=mask, other=0.0)
+        x2 = tl.load(row + 8, mask=mask)
+        x3 = tl.load(row + 12, mask=mask)
     else:
         x2 = x0
         x3 = x1

@@ -4,27 +4,18 @@ Same signatures as reference.py; `libs.kernels.nvfp4._impl` sends CUDA tensors h
 triton is installed. Inputs were already validated by checks.py, so nothing is re-checked.
 
 Numerics:
-- quantize and dequantize are bit-exact with reference.py (and so with ModelOpt). Every
-  step is the reference's own IEEE fp32 operation in the same order: the block amax, one
-  rounded product 6 * s2, a correctly rounded division (`tl.div_rn`: Triton's plain `/` on
-  fp32 is an approximate division, which differs from IEEE near E2M1 midpoints), the e4m3
-  rounding (nearest even, done with integer ops, checked against torch's cast for every
-  fp32 in [2^-9, 448]; the clamp to [2^-9, 448] comes first, as in the reference),
-  the rounded product fp32(s_b) * s2, a second correctly rounded division per element, and
-  round-to-nearest-even onto the E2M1 grid with the reference's saturation, sign rule
-  (-0.0 -> 0x0, a negative value that rounds to zero -> 0x8) and NaN rule (code 0).
+- quantize (quantize_kernel.py) and dequantize are bit-exact with reference.py (and so
+  with ModelOpt): each computes the reference's IEEE fp32 values in the reference's order;
+  quantize_kernel.py says how quantize does it without a division per element.
 - linear is NOT bit-identical with the reference, which dequantizes W to x.dtype (one
   rounding of w * s2 per weight) and lets cuBLAS sum in its own order. Here each weight is
   decoded to the exact product e2m1 * s_b (at most 6 significant bits, so it fits bf16 and
   fp16 exactly after a power-of-two shift), the tensor cores sum in fp32, and s2 is applied
   once per output. See linear_kernels.py.
 
-Speed on an H200 (bench/nvfp4_kernels_bench.py, 8192 x 8192, vs a 4.2 TB/s copy): dequantize
-~91% of the copy for bf16 and fp32 output; quantize 52% (bf16 input) and 76% (fp32 input).
-quantize is instruction-bound (~38 SASS instructions per element, 11 of them for the
-correctly rounded division). A variant that replaced the per-element division by
-comparisons with exact per-block thresholds passed every bit-exact test but measured
-slower (91 vs 78 us for bf16), so the division stayed.
+Speed on an H200 (bench/nvfp4_kernels_bench.py, 8192 x 8192, against a ~4.2 TB/s copy in
+the same run): dequantize ~91% of the copy for bf16 and fp32 output; quantize: see
+quantize_kernel.py.
 """
 
 import functools
@@ -39,9 +30,11 @@ from .quantize_kernel import FAST_S2_MAX, FAST_S2_MIN, quantize_kernel
 
 # Blocks of 16 elements per dequantize program: 2048 elements, 16 per thread with 4 warps.
 _BLOCKS_PER_PROGRAM = 128
-# quantize: blocks per tile (one per thread of 4 warps) and resident programs per SM.
-_QUANTIZE_BLOCKS = 128
-_QUANTIZE_PROGRAMS_PER_SM = 8
+# quantize: blocks per tile (one per thread of 8 warps) and programs per SM, the best of
+# bench/nvfp4_kernels_bench.py --tune on an H200 for bf16 (fp32 within noise of its best).
+_QUANTIZE_BLOCKS = 256
+_QUANTIZE_WARPS = 8
+_QUANTIZE_PROGRAMS_PER_SM = 16
 
 
 @triton.jit
@@ -86,7 +79,7 @@ def _dequantize_kernel(
 
 def quantize(x: torch.Tensor, s2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] -> (packed uint8 [..., K/2], scales e4m3 [..., K/16]) for a given s2."""
-    return _quantize(x, s2, _QUANTIZE_BLOCKS, 4, _QUANTIZE_PROGRAMS_PER_SM)
+    return _quantize(x, s2, _QUANTIZE_BLOCKS, _QUANTIZE_WARPS, _QUANTIZE_PROGRAMS_PER_SM)
 
 
 def dequantize(
