@@ -152,10 +152,11 @@ def _word(codes, W: tl.constexpr):
 
 @triton.jit
 def _load_tile(x_ptr, tile, n_blocks, BLOCKS: tl.constexpr, W: tl.constexpr):
-    """A tile of BLOCKS blocks as four [BLOCKS, W] parts of 16 bytes each (W = 8 for 16-bit
-    inputs, whose parts 2 and 3 are then empty; W = 4 for fp32), so that one thread owns a
-    whole block: Triton gives a thread at most 16 contiguous bytes of a row. Masked lanes
-    are left undefined (no zero fill): their results are never stored."""
+    """A tile of BLOCKS blocks as four [BLOCKS, W] parts of 16 bytes each, so that one
+    thread owns a whole block: Triton gives a thread at most 16 contiguous bytes of a row.
+    W = 4 for fp32; W = 8 for 16-bit inputs, which have two parts (the last two returned
+    are copies, unused). Masked lanes are left undefined (no zero fill): their results
+    are never stored."""
     blocks = tile.to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)  # int64: > 2^31 elements
     row = x_ptr + blocks[:, None] * 16 + tl.arange(0, W)[None, :]
     mask = blocks[:, None] < n_blocks
