@@ -219,6 +219,18 @@ def test_quantize_all_zero_and_empty():
     assert packed.shape == (0, 16) and scales.shape == (0, 2) and s2.item() == 1.0
 
 
+def test_quantize_bf16_at_an_address_not_4_byte_aligned():
+    # bf16 is read as int32 words of two elements: a contiguous CUDA view that starts at an
+    # odd element (2 bytes past a word) must still quantize exactly.
+    flat = random_input((1, 16 * 40 + 1), torch.bfloat16, "wide", seed=41).flatten()
+    x = flat.to(CUDA)[1:].view(40, 16)
+    assert x.is_contiguous() and x.data_ptr() % 4 == 2
+    packed, scales, s2 = quantize_nvfp4(x)
+    p_ref, s_ref = reference.quantize(flat[1:].view(40, 16), s2.cpu())
+    assert torch.equal(packed.cpu(), p_ref)
+    assert torch.equal(bits(scales.cpu()), bits(s_ref))
+
+
 def test_quantize_non_contiguous_input():
     x = torch.randn(64, 48, device=CUDA).T  # [48, 64], K strided
     p1, s1, _ = quantize_nvfp4(x)

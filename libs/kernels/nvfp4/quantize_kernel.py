@@ -103,12 +103,34 @@ def _codes_fast(x, d, y, neg_bound, STEPS: tl.constexpr):
     q = ax * y
     for _ in tl.static_range(STEPS):
         q = tl.fma(tl.fma(q, -d, ax), y, q)  # -d, not -q: q's product stays shared
-    negative = x.to(tl.uint32, bitcast=True) > (0x80000000 | neg_bound.to(tl.uint32))
-    return _magnitude_code_fp(q) + tl.where(negative, 8, 0)
+    # The sign goes onto the float's bits before the bias comes off, so that the compiler
+    # can fold the bias into the packing's constants.
+    code_bits = _add_sign(_magnitude_bits(q), x, neg_bound)
+    return code_bits - 0x4B000000
 
 
 @triton.jit
-def _magnitude_code_fp(q):
+def _add_sign(code, x, neg_bound):
+    """code + 8 where x's bits exceed neg_bound (already with the sign bit set) as unsigned
+    ints. In PTX so that it stays one compare and one predicated add: the plain
+    `code + where(...)` compiled to a compare, an add and a predicated move."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .pred p;
+        setp.gt.u32 p, $2, $3;
+        mov.b32 $0, $1;
+        @p add.s32 $0, $0, 8;
+        }""",
+        "=r,r,r,r",
+        [code, x.to(tl.int32, bitcast=True), neg_bound],
+        dtype=tl.int32,
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _magnitude_bits(q):
     """E2M1 magnitude code (0..7) of a non-negative fp32 q (inf and NaN saturate), mostly
     in fp32 arithmetic, which has twice the integer unit's throughput.
 
@@ -121,7 +143,7 @@ def _magnitude_code_fp(q):
     t2 = q + 8388610.0  # 2^23 + 2
     t3 = tl.fma(q, 0.5, 8388612.0)  # 2^23 + 4
     m = tl.minimum(tl.minimum(tl.minimum(t1, t2), t3), 8388615.0)
-    return m.to(tl.int32, bitcast=True) - 0x4B000000
+    return m.to(tl.int32, bitcast=True)  # 0x4B000000 + code
 
 
 @triton.jit
@@ -151,17 +173,18 @@ def _word(codes, W: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(x_ptr, tile, n_blocks, BLOCKS: tl.constexpr, W: tl.constexpr):
+def _load_tile(x_ptr, tile, n_blocks, BLOCKS: tl.constexpr, W: tl.constexpr, PAIRS: tl.constexpr):
     """A tile of BLOCKS blocks as four [BLOCKS, W] parts of 16 bytes each, so that one
     thread owns a whole block: Triton gives a thread at most 16 contiguous bytes of a row.
     W = 4 for fp32; W = 8 for 16-bit inputs, which have two parts (the last two returned
     are copies, unused). Masked lanes are left undefined (no zero fill): their results
     are never stored."""
     blocks = tile.to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)  # int64: > 2^31 elements
-    row = x_ptr + blocks[:, None] * 16 + tl.arange(0, W)[None, :]
+    P: tl.constexpr = W // 2 if PAIRS else W  # x_ptr elements per part: 16 bytes
+    row = x_ptr + blocks[:, None] * (8 if PAIRS else 16) + tl.arange(0, P)[None, :]
     mask = blocks[:, None] < n_blocks
     x0 = tl.load(row, mask=mask)
-    x1 = tl.load(row + W, mask=mask)
+    x1 = tl.load(row + P, mask=mask)
     if W == 4:
         x2 = tl.load(row + 8, mask=mask)
         x3 = tl.load(row + 12, mask=mask)
@@ -172,12 +195,27 @@ def _load_tile(x_ptr, tile, n_blocks, BLOCKS: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
+def _to_float(x, PAIRS: tl.constexpr):
+    """A part of the tile as fp32 [BLOCKS, 8] (exact). PAIRS: x is [BLOCKS, 4] int32 words
+    each holding two bf16 (element 2j low): a bf16 is the top half of its fp32, so one
+    shift or one mask per element, and the loop carries plain words (bf16 values carried
+    through the loop cost register shuffles)."""
+    if PAIRS:
+        even = (x << 16).to(tl.float32, bitcast=True)
+        odd = (x & -65536).to(tl.float32, bitcast=True)
+        return tl.reshape(tl.join(even, odd), (x.shape[0], 2 * x.shape[1]))
+    else:
+        return x.to(tl.float32)
+
+
+@triton.jit
 def _quantize_tile(
     x0, x1, x2, x3, tile, s2, packed_ptr, scales_ptr, n_blocks,
     BLOCKS: tl.constexpr, W: tl.constexpr, FAST: tl.constexpr, STEPS: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):  # fmt: skip
-    x0 = x0.to(tl.float32)  # exact for bf16/fp16
-    x1 = x1.to(tl.float32)
+    x0 = _to_float(x0, PAIRS)
+    x1 = _to_float(x1, PAIRS)
     amax = tl.maximum(tl.max(tl.abs(x0), axis=1), tl.max(tl.abs(x1), axis=1))
     if W == 4:
         x2 = x2.to(tl.float32)
@@ -191,6 +229,7 @@ def _quantize_tile(
         y = tl.div_rn(1.0, d)
         # d * 2^-150 rounded down: subnormal (floor(d / 2) steps of 2^-149) below d = 2^24.
         neg_bound = tl.where(d < 16777216.0, (d * 0.5).to(tl.int32), neg_bound - (150 << 23))
+        neg_bound = neg_bound | -0x80000000  # the sign bit: only negative x can exceed it
     word0 = _word(_codes(x0, d, y, neg_bound, FAST, STEPS), W)
     word1 = _word(_codes(x1, d, y, neg_bound, FAST, STEPS), W)
     if W == 4:
@@ -216,6 +255,7 @@ def quantize_kernel(
     BLOCKS: tl.constexpr,  # blocks of 16 per tile: one per thread
     W: tl.constexpr,  # elements per 16 bytes of x: 8 (bf16, fp16) or 4 (fp32)
     STEPS: tl.constexpr,  # Markstein steps: 1 for 16-bit inputs, 2 for fp32
+    PAIRS: tl.constexpr,  # bf16 passed as int32 words of two elements (see _to_float)
     FAST_S2_MIN: tl.constexpr,
     FAST_S2_MAX: tl.constexpr,
 ):
@@ -225,14 +265,14 @@ def quantize_kernel(
     s2 = tl.load(s2_ptr)
     fast = (s2 >= FAST_S2_MIN) & (s2 <= FAST_S2_MAX)
     tile = tl.program_id(0)
-    x0, x1, x2, x3 = _load_tile(x_ptr, tile, n_blocks, BLOCKS, W)
+    x0, x1, x2, x3 = _load_tile(x_ptr, tile, n_blocks, BLOCKS, W, PAIRS)
     while tile < n_tiles:
-        n0, n1, n2, n3 = _load_tile(x_ptr, tile + programs, n_blocks, BLOCKS, W)
+        n0, n1, n2, n3 = _load_tile(x_ptr, tile + programs, n_blocks, BLOCKS, W, PAIRS)
         if fast:
             _quantize_tile(x0, x1, x2, x3, tile, s2, packed_ptr, scales_ptr, n_blocks,
-                           BLOCKS, W, True, STEPS)  # fmt: skip
+                           BLOCKS, W, True, STEPS, PAIRS)  # fmt: skip
         else:
             _quantize_tile(x0, x1, x2, x3, tile, s2, packed_ptr, scales_ptr, n_blocks,
-                           BLOCKS, W, False, STEPS)  # fmt: skip
+                           BLOCKS, W, False, STEPS, PAIRS)  # fmt: skip
         x0, x1, x2, x3 = n0, n1, n2, n3
         tile += programs

@@ -30,11 +30,9 @@ from .quantize_kernel import FAST_S2_MAX, FAST_S2_MIN, quantize_kernel
 
 # Blocks of 16 elements per dequantize program: 2048 elements, 16 per thread with 4 warps.
 _BLOCKS_PER_PROGRAM = 128
-# quantize: blocks per tile (one per thread of 8 warps) and programs per SM, the best of
-# bench/nvfp4_kernels_bench.py --tune on an H200 for bf16 (fp32 within noise of its best).
-_QUANTIZE_BLOCKS = 256
-_QUANTIZE_WARPS = 8
-_QUANTIZE_PROGRAMS_PER_SM = 16
+# quantize, per input dtype: (blocks per tile = threads per program, warps, programs per
+# SM), the best of bench/nvfp4_kernels_bench.py --tune on an H200 (fp16 takes bf16's).
+_QUANTIZE_CONFIG = {torch.float32: (256, 4, 32), torch.bfloat16: (128, 2, 32)}
 
 
 @triton.jit
@@ -79,7 +77,8 @@ def _dequantize_kernel(
 
 def quantize(x: torch.Tensor, s2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., K] -> (packed uint8 [..., K/2], scales e4m3 [..., K/16]) for a given s2."""
-    return _quantize(x, s2, _QUANTIZE_BLOCKS, _QUANTIZE_WARPS, _QUANTIZE_PROGRAMS_PER_SM)
+    blocks, warps, per_sm = _QUANTIZE_CONFIG.get(x.dtype, _QUANTIZE_CONFIG[torch.bfloat16])
+    return _quantize(x, s2, blocks, warps, per_sm)
 
 
 def dequantize(
@@ -96,15 +95,20 @@ def _quantize(x, s2, blocks: int, num_warps: int, programs_per_sm: int):
     n_blocks = x.numel() // BLOCK
     if n_blocks:
         programs = min(triton.cdiv(n_blocks, blocks), _sm_count(x.device) * programs_per_sm)
+        x = x.contiguous()  # any strides in; the kernel reads one flat run of blocks
+        pairs = x.dtype == torch.bfloat16  # read as int32 words (quantize_kernel._to_float)
+        if pairs:
+            x = (x if x.data_ptr() % 4 == 0 else x.clone()).view(torch.int32)
         quantize_kernel[(programs,)](
-            x.contiguous(),  # any strides in; the kernel reads one flat run of blocks
+            x,
             packed.view(torch.int32),
             scales.view(torch.uint8),
             s2.to(device=x.device, dtype=torch.float32),
             n_blocks,
             BLOCKS=blocks,
-            W=16 // x.element_size(),
+            W=4 if x.dtype == torch.float32 else 8,
             STEPS=2 if x.dtype == torch.float32 else 1,
+            PAIRS=pairs,
             FAST_S2_MIN=FAST_S2_MIN,
             FAST_S2_MAX=FAST_S2_MAX,
             num_warps=num_warps,
