@@ -19,10 +19,13 @@ Three things keep it there:
 - each program loops over tiles and loads the next tile before encoding this one, so a
   thread's loads are in flight while it computes (one tile per program left the memory
   system idle between a warp's load and its long stretch of arithmetic).
+- bf16 is read as int32 words of two elements: a bf16 is the top half of its fp32, so
+  one shift or one mask per element, and no register shuffles for bf16 values carried
+  through the loop.
 Measured (H200, bench/nvfp4_kernels_bench.py --stream-baseline, the previous kernel with a
-division per element timed in the same run): bf16 in 54 us, 75% of the copy (previous
-78 us); fp32 in 78 us, 92% (previous 95 us). bf16 is now bound by its ~20 instructions
-per element; docs/notes/nvfp4-triton.md has the steps.
+division per element timed in the same run, three runs): bf16 in 50.0-50.6 us, 80-82% of
+the copy (previous 78 us); fp32 in 75-76 us, 95-97% (previous 95 us). bf16 is bound by
+its ~19 instructions per element; docs/notes/nvfp4-triton.md has the steps.
 """
 
 import triton
