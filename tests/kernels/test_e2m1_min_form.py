@@ -1,6 +1,6 @@
 """The CUDA quantize kernel's E2M1 magnitude formula against the reference's rounding.
 
-quantize_kernel._magnitude_code_fp computes the code of q >= 0 as
+quantize_kernel._magnitude_bits computes the code of q >= 0 as
 min(RNE(2q), RNE(q) + 2, RNE(q / 2) + 4, 7), each RNE one fp32 addition of 2^23 (+ offset)
 and the minimum taken on those floats (a NaN loses). This replays exactly those fp32
 operations in numpy (each sum is exact in float64, then rounded once to fp32, as the GPU's

@@ -7,18 +7,20 @@ ops; the clamp to [2^-9, 448] first, as in the reference), the rounded product
 d = fp32(s_b) * s2, then per element the E2M1 code of fl(x / d), round to nearest even,
 with the reference's saturation and sign rules.
 
-Speed: an 8192 x 8192 quantize moves 164 MB (bf16 in) or 292 MB (fp32 in), so at an H200's
-~4.2 TB/s it has ~40-70 us, and per element only a few dozen instructions fit in that.
-Three things keep it there:
+Speed: an 8192 x 8192 quantize moves 172 MB (bf16 in) or 306 MB (fp32 in), so at an H200's
+~4.2 TB/s it has ~40-75 us, and per element only a couple of dozen instructions fit in that.
+What keeps it there:
 - no division per element: fl(x / d) comes from the block's reciprocal and Markstein
   correction steps, exact for every input (_codes_fast's docstring, and
   tests/kernels/test_markstein.py); a correctly rounded division costs ~11 instructions
   per element and made this kernel instruction-bound;
+- the E2M1 rounding as a minimum of three rounded fp32 additions (_magnitude_bits), on
+  the FMA pipe rather than the integer unit, which has half its throughput;
 - one thread owns whole blocks (two 16-byte halves for 16-bit inputs, four quarters for
   fp32), so the amax and the block scale need no shuffles and are computed once;
 - each program loops over tiles and loads the next tile before encoding this one, so a
   thread's loads are in flight while it computes (one tile per program left the memory
-  system idle between a warp's load and its long stretch of arithmetic).
+  system idle between a warp's load and its long stretch of arithmetic);
 - bf16 is read as int32 words of two elements: a bf16 is the top half of its fp32, so
   one shift or one mask per element, and no register shuffles for bf16 values carried
   through the loop.
@@ -100,8 +102,8 @@ def _codes_fast(x, d, y, neg_bound, STEPS: tl.constexpr):
 
     The sign is exact on its own: the reference's `fl(x / d) < 0` holds exactly when
     x < -d * 2^-150 (below that the quotient rounds to -0.0), and neg_bound is the bits of
-    d * 2^-150 rounded down to an fp32, so an unsigned compare of x's bits decides it
-    (negative x have the sign bit set; -0.0 never passes)."""
+    d * 2^-150 rounded down to an fp32, with the sign bit set, so an unsigned compare of
+    x's bits decides it (only negative x can exceed it; -0.0 never does)."""
     ax = tl.abs(x)
     q = ax * y
     for _ in tl.static_range(STEPS):
@@ -134,8 +136,9 @@ def _add_sign(code, x, neg_bound):
 
 @triton.jit
 def _magnitude_bits(q):
-    """E2M1 magnitude code (0..7) of a non-negative fp32 q (inf and NaN saturate), mostly
-    in fp32 arithmetic, which has twice the integer unit's throughput.
+    """The bits of the fp32 2^23 + code, code the E2M1 magnitude code (0..7) of a
+    non-negative fp32 q (inf and NaN saturate), found in fp32 arithmetic, which has twice
+    the integer unit's throughput.
 
     The code is min(RNE(2q), RNE(q) + 2, RNE(q / 2) + 4, 7): each term is the code on one
     stretch of the grid (steps of 0.5 below 2, of 1 from 2 to 4, of 2 above), with the
