@@ -3,8 +3,10 @@ benchmarks and load generators."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -20,9 +22,43 @@ from pdmesh.status import collect
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port nothing is bound to now, BELOW the kernel's ephemeral range.
+
+    A mesh's members bind port 0, which the kernel serves from the ephemeral range; a port
+    picked there (by binding 0 and letting go) can be handed to one of them before the
+    router binds it. Seen in CI: the router's HTTP port answered with a member's gRPC
+    (HTTP/2) bytes. Below the range only another explicit choice can collide, and each
+    candidate is checked by binding it."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports, as free_port picks them."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    ports: list[int] = []
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 16384), low)
+        if port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            return ports
+    raise RuntimeError(f"found only {len(ports)} free ports below {low}")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+    return max(low, 2048)
 
 
 @dataclass
@@ -97,7 +133,7 @@ def start_mesh(
     router is registered; for meshes that must not be able to serve (e.g. members whose KV
     layouts do not pair), whose /health stays 503.
     """
-    http, grpc_port, boot = free_port(), free_port(), free_port()
+    http_port, grpc_port, boot = free_ports(3)
     log_path = tmp / f"mesh-{Path(model).name}-{prefill}x{decode}.log"  # model may be a path
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
     process = subprocess.Popen(
@@ -105,18 +141,18 @@ def start_mesh(
             sys.executable, "-m", "pdmesh.cli", "up", "--model", model, "--device", device,
             "--dtype", dtype,
             "--prefill", str(prefill), "--decode", str(decode),
-            "--http-port", str(http), "--grpc-port", str(grpc_port),
+            "--http-port", str(http_port), "--grpc-port", str(grpc_port),
             "--bootstrap-port", str(boot), *(up_args or []),
         ],
         stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env,
         preexec_fn=_die_with_parent,
     )
-    mesh = Mesh(process, log_path, http, grpc_port, boot, model)
+    mesh = Mesh(process, log_path, http_port, grpc_port, boot, model)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"pdmesh up exited early:\n{mesh.log()[-4000:]}")
-        if (not wait_healthy or _health(http)) and _members_ready(mesh, prefill, decode):
+        if (not wait_healthy or _health(http_port)) and _members_ready(mesh, prefill, decode):
             return mesh
         time.sleep(0.5)
     mesh.stop()
@@ -136,7 +172,7 @@ def _health(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
             return r.status == 200
-    except OSError:
+    except (OSError, http.client.HTTPException):  # not up yet, or not HTTP on that port
         return False
 
 
