@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -144,3 +145,17 @@ def test_a_store_damaged_past_its_first_page_is_one_clear_line(tmp_path):
     damaged = traces_cli("--db", str(path))
     assert damaged.returncode == 1 and "Traceback" not in damaged.stderr, damaged.stderr
     assert str(path) in damaged.stderr
+
+
+def test_the_receiver_does_not_share_a_port_another_process_listens_on(tmp_path):
+    # gRPC sets SO_REUSEPORT by default, so two listeners that both ask for it share a port
+    # and the kernel splits the connections between them. The receiver must not ask: a
+    # port held by a listener that does is a bind error, not a silent half of the traffic.
+    with socket.socket() as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        with pytest.raises(RuntimeError):
+            server, _ = tracestore.serve(tmp_path / "t.sqlite", "127.0.0.1", port, max_spans=10)
+            server.stop(None)
