@@ -81,10 +81,8 @@ def load_model(
             tok_src = None
     elif spec.endswith(".gguf"):
         config, weights, tok_src = _load_gguf(Path(spec))
-    elif Path(spec, "config.json").exists():
+    else:  # a HF directory (check_spec refused anything else)
         config, weights, tok_src = _load_hf_dir(Path(spec))
-    else:
-        raise ValueError(f"unknown model spec {spec!r}")
     if weights_format == "nvfp4" and not is_nvfp4(weights):
         # On CPU in fp32, before the dtype cast: the bits do not depend on --device/--dtype.
         weights = quantize_layer_linears(weights)

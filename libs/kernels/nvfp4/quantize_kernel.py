@@ -253,7 +253,7 @@ def _quantize_tile(
 
 @triton.jit
 def quantize_kernel(
-    x_ptr,  # [n_blocks * 16] bf16/fp16/fp32, contiguous
+    x_ptr,  # the n_blocks * 16 elements, contiguous: fp16, fp32, or bf16 as int32 pairs
     packed_ptr,  # [n_blocks * 2] int32 (the packed bytes, 4 per word)
     scales_ptr,  # [n_blocks] uint8 (the bytes of float8_e4m3fn)
     s2_ptr,  # 0-d fp32: decode-form global scale

@@ -18,14 +18,15 @@ the same run): dequantize ~91% of the copy for bf16 and fp32 output; quantize: s
 quantize_kernel.py.
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from .format import BLOCK
-from .linear_kernels import linear  # noqa: F401  (part of this module's interface)
+from .linear_kernels import (
+    _sm_count,
+    linear,  # noqa: F401  (part of this module's interface)
+)
 from .quantize_kernel import FAST_S2_MAX, FAST_S2_MIN, quantize_kernel
 
 # Blocks of 16 elements per dequantize program: 2048 elements, 16 per thread with 4 warps.
@@ -95,8 +96,9 @@ def _quantize(x, s2, blocks: int, num_warps: int, programs_per_sm: int):
     n_blocks = x.numel() // BLOCK
     if n_blocks:
         programs = min(triton.cdiv(n_blocks, blocks), _sm_count(x.device) * programs_per_sm)
-        x = x.contiguous()  # any strides in; the kernel reads one flat run of blocks
+        fp32 = x.dtype == torch.float32
         pairs = x.dtype == torch.bfloat16  # read as int32 words (quantize_kernel._to_float)
+        x = x.contiguous()  # any strides in; the kernel reads one flat run of blocks
         if pairs:
             x = (x if x.data_ptr() % 4 == 0 else x.clone()).view(torch.int32)
         quantize_kernel[(programs,)](
@@ -106,19 +108,14 @@ def _quantize(x, s2, blocks: int, num_warps: int, programs_per_sm: int):
             s2.to(device=x.device, dtype=torch.float32),
             n_blocks,
             BLOCKS=blocks,
-            W=4 if x.dtype == torch.float32 else 8,
-            STEPS=2 if x.dtype == torch.float32 else 1,
+            W=4 if fp32 else 8,
+            STEPS=2 if fp32 else 1,
             PAIRS=pairs,
             FAST_S2_MIN=FAST_S2_MIN,
             FAST_S2_MAX=FAST_S2_MAX,
             num_warps=num_warps,
         )
     return packed, scales
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _dequantize(packed, scales, s2, dtype, blocks: int, num_warps: int):
