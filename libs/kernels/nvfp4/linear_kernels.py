@@ -263,6 +263,16 @@ def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 @functools.cache
+def _gemv_kernel():
+    """gemv_kernel (which imports this module), or None where Triton has no Gluon."""
+    try:
+        from . import gemv_kernel
+    except ImportError:
+        return None
+    return gemv_kernel
+
+
+@functools.cache
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 132  # the interpreter (TRITON_INTERPRET=1) on CPU tensors
@@ -370,8 +380,13 @@ def linear(
     out = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
     if x2.shape[0] and n:
         s2 = s2.to(device=x.device, dtype=torch.float32)
-        cfg = pick_config(x2.shape[0], n, k, _sm_count(x.device))
-        launch(x2, packed, scales, s2, bias, out, cfg)
+        gemv = _gemv_kernel()
+        cfg = gemv and gemv.pick_config(x2.shape[0], n, k, _sm_count(x.device))
+        if cfg:  # a few tokens on long rows: the Gluon mma.sync GEMV
+            gemv.launch(x2, packed, scales, s2, bias, out, cfg)
+        else:
+            cfg = pick_config(x2.shape[0], n, k, _sm_count(x.device))
+            launch(x2, packed, scales, s2, bias, out, cfg)
     return out.reshape(*x.shape[:-1], n)
 
 

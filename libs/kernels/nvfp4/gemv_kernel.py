@@ -1,0 +1,348 @@
+"""NVFP4 weight-only linear for a few tokens in Gluon, on `mma.sync` tensor cores.
+
+nvfp4_linear uses it for at most 8 tokens on layers of at least 2^23 weights with K a
+multiple of 512 (pick_config); everything else takes linear_kernels' Triton kernel.
+
+Why a second kernel: the Triton one uses Hopper's warpgroup MMA, whose A operand lives in
+registers that Triton 3.6 can only reuse after a synchronous wait, so each K step pays
+barrier + decode + MMA-chain latency in series (~60 us at M = 1 on 8192 x 28672, where the
+bytes allow ~33 us). Gluon (Triton's explicit-layout language) lets every register's owner
+be chosen, so here:
+
+- each warp owns 16 * R weight rows and runs Ampere-style `mma.sync.m16n8k16` on them: a
+  warp-local instruction with no barrier, no shared memory and no wait;
+- the weights go from global memory straight into registers (int32 words, so they are
+  never split into bytes) and are decoded there with linear_kernels' inline-PTX decode;
+  four K chunks of weights and scales are in flight per warp, x one chunk ahead;
+- the e4m3 block scales are converted two at a time (`cvt.rn.f16x2.e4m3x2`).
+
+Measured on an H200 (docs/notes/nvfp4-triton.md, session `gluon-gemv`): 8192 x 28672 at
+M = 1 in ~45-48 us against ~60 us for the Triton kernel and ~111-116 us for torch's bf16
+GEMV (2.3-2.5x). ncu: 46 us, DRAM 61% busy, issue slots 50% busy, 15 warps per SM (100
+registers), the top stall waiting on global loads. Loads alone (no decode) measured ~45 us
+and the decode alone (weights re-read from L1) ~36 us; TMA-fed variants streamed at
+~36 us alone but 47-53 us with the decode; none of those structures is kept.
+
+Register layouts (the crux). A thread (lane = 4g + t) of mma.m16n8k16 holds A's rows g and
+g + 8 at MMA K indices {2t, 2t+1, 2t+8, 2t+9}, and B's column g at the same K indices. Thread
+(g, t) loads BYTES contiguous bytes of each of its rows at byte offset BYTES * t of the
+chunk. The decode turns 4 bytes b0..b3 into the pairs (lo b0, lo b1), (lo b2, lo b3),
+(hi b0, hi b1), (hi b2, hi b3). Write a byte's offset in the chunk as c = BYTES*t + 4q + 2p +
+e and its nibble as n (real K = 2c + n); the MMA K index is then
+    k = 32q + 16n + 8p + 2t + e    (q: word, n: nibble, p: pair of the word, e: byte of pair)
+so every decoded pair register IS an A fragment register (k, k+1 differ in e) and nothing
+moves between threads: the Gluon reshape/permute below only renames registers, checked at
+compile time by `convert_layout(..., assert_trivial=True)`. x is reordered the same way
+(it is the only operand whose pairs are re-paired: 1 prmt per B register).
+
+Numerics are those of linear_kernels (same decode, fp32 accumulation, s2 in the epilogue).
+"""
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from .linear_kernels import _DECODE, _tile_counters
+
+
+def _log2(v: int) -> int:
+    assert v > 0 and v & (v - 1) == 0, v
+    return v.bit_length() - 1
+
+
+def layouts(bn: int, bm: int, num_warps: int, nbytes: int):
+    """(weight words [bn, nbytes] (int32: 4 bytes each), scale pairs [bn, nbytes/16] (int16:
+    two blocks' e4m3 bytes), x [bm, 8*nbytes], MMA accumulator) layouts; see the module
+    docstring. Thread (g, t) holds rows g, g + 8 (and those + 16 * num_warps * i) of its warp's
+    16, and the t-th quarter of each row's chunk."""
+    assert nbytes in (16, 32), nbytes  # whole scale pairs per thread
+    w = num_warps
+    rows_rep = [[16 * w << i, 0] for i in range(_log2(bn // (16 * w)))]
+    warp_rows = [[16 << i, 0] for i in range(_log2(w))]
+    g_lanes = [[1, 0], [2, 0], [4, 0]]
+
+    def per_thread(n):  # n consecutive elements per thread and row, 4n per row and chunk
+        return gl.DistributedLinearLayout(
+            reg_bases=[[0, 1 << i] for i in range(_log2(n))] + [[8, 0]] + rows_rep,
+            lane_bases=[[0, n], [0, 2 * n]] + g_lanes,
+            warp_bases=warp_rows, block_bases=[], shape=[bn, 4 * n])
+
+    xl = gl.DistributedLinearLayout(
+        reg_bases=[[0, 1 << i] for i in range(_log2(2 * nbytes))] + ([[8, 0]] if bm == 16 else []),
+        lane_bases=[[0, 2 * nbytes], [0, 4 * nbytes]] + g_lanes,
+        warp_bases=[[0, 0]] * _log2(w), block_bases=[], shape=[bm, 8 * nbytes])
+    mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[w, 1], instr_shape=[16, 8])
+    return per_thread(nbytes // 4), per_thread(nbytes // 16), xl, mma
+
+
+# PTX: an int16 holding two e4m3 block scales -> the two scales as packed 16-bit floats,
+# pre-multiplied by 2^SCALE_LOG2 (exact: e4m3 has 3 mantissa bits). Hopper converts e4m3
+# pairs to f16 pairs in one instruction.
+_SCALE_ASM_BF16 = gl.constexpr("""
+{
+.reg .b32 h;
+.reg .b16 l, u;
+.reg .f32 a, b;
+cvt.rn.f16x2.e4m3x2 h, $1;
+mov.b32 {l, u}, h;
+cvt.f32.f16 a, l;
+cvt.f32.f16 b, u;
+mul.f32 a, a, 0f7A000000;
+mul.f32 b, b, 0f7A000000;
+cvt.rn.bf16x2.f32 $0, b, a;
+}
+""")  # 0f7A000000 = 2^117
+_SCALE_ASM_F16 = gl.constexpr("""
+{
+.reg .b32 h, c;
+mov.b32 c, 0x58005800;
+cvt.rn.f16x2.e4m3x2 h, $1;
+mul.rn.f16x2 $0, h, c;
+}
+""")  # 0x5800 = 2^7 in f16
+
+
+# PTX: one int32 word of 4 bytes b0..b3 and its block scale (16-bit, pre-multiplied) ->
+# the pairs (lo b0, lo b1), (lo b2, lo b3), (hi b0, hi b1), (hi b2, hi b3) as packed 16-bit
+# floats, each weight times the scale: linear_kernels' decode (same instructions, same
+# values) on a whole word, so the word never has to be split into bytes.
+_WORD_ASM = """
+{{
+.reg .b32 z, w4, p, s;
+mov.b32 z, 0;
+mov.b32 s, {{$5, $5}};
+shl.b32 w4, $4, 4;
+prmt.b32 p, w4, z, 0x9180;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $0, p, s;
+prmt.b32 p, w4, z, 0xB3A2;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $1, p, s;
+prmt.b32 p, $4, z, 0x9180;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $2, p, s;
+prmt.b32 p, $4, z, 0xB3A2;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $3, p, s;
+}}
+"""
+_WORD_ASM_BF16 = gl.constexpr(_WORD_ASM.format(sh=2, mask="0x81C081C0", ty="bf16"))
+_WORD_ASM_F16 = gl.constexpr(_WORD_ASM.format(sh=5, mask="0x8E008E00", ty="f16"))
+
+
+@gluon.jit
+def _halves(pair, dtype: gl.constexpr):
+    """int32 [...] holding two 16-bit floats -> dtype [..., 2] (low half first)."""
+    lo = pair.to(gl.int16)
+    hi = (pair >> 16).to(gl.int16)
+    return gl.join(lo, hi).to(dtype, bitcast=True)
+
+
+@gluon.jit
+def _mma_step(wd, sp, xt, acc, WL: gl.constexpr, MMA: gl.constexpr):
+    """acc += decode(wd, sp) @ xt.T for one K chunk (see the module docstring's layout)."""
+    BN: gl.constexpr = wd.shape[0]
+    NW: gl.constexpr = wd.shape[1]  # int32 words per row per chunk
+    BM: gl.constexpr = xt.shape[0]
+    Q: gl.constexpr = NW // 4
+    dtype: gl.constexpr = xt.dtype
+    if dtype == gl.bfloat16:
+        scale_asm: gl.constexpr = _SCALE_ASM_BF16
+        word_asm: gl.constexpr = _WORD_ASM_BF16
+    else:
+        scale_asm: gl.constexpr = _SCALE_ASM_F16
+        word_asm: gl.constexpr = _WORD_ASM_F16
+    pairs = gl.inline_asm_elementwise(scale_asm, "=r,h", [sp], dtype=gl.int32, is_pure=True,
+                                      pack=1)
+    scale = gl.reshape(_halves(pairs, dtype), [BN, NW // 2])  # per block
+    scale = gl.reshape(gl.join(scale, scale), [BN, NW])  # per word
+    scale = gl.convert_layout(scale, WL, assert_trivial=True)
+    p0, p1, p2, p3 = gl.inline_asm_elementwise(
+        word_asm, "=r,=r,=r,=r,r,h", [wd, scale],
+        dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    # [row, word (t, q), n, p, e] -> MMA K index (q, n, p, t, e)
+    w = gl.join(gl.join(_halves(p0, dtype), _halves(p1, dtype)),
+                gl.join(_halves(p2, dtype), _halves(p3, dtype)))  # [BN, NW, e, p, n]
+    w = gl.reshape(w, [BN, 4, Q, 2, 2, 2])
+    w = gl.reshape(gl.permute(w, (0, 2, 5, 4, 1, 3)), [BN, 8 * NW])
+    w = gl.convert_layout(w, gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2),
+                          assert_trivial=True)
+    x = gl.reshape(xt, [BM, 4, Q, 2, 2, 2])  # real K within the chunk: 2c + n
+    x = gl.reshape(gl.permute(x, (0, 2, 5, 3, 1, 4)), [BM, 8 * NW])
+    x = gl.convert_layout(gl.permute(x, (1, 0)),
+                          gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2),
+                          assert_trivial=True)
+    return mma_v2(w, x, acc)
+
+
+@gluon.jit
+def _store(acc, rows, toks, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
+           HAS_BIAS: gl.constexpr, OUT_LOG2: gl.constexpr):
+    y = (acc * (2.0**OUT_LOG2)) * gl.load(s2_ptr)  # the power of two is exact
+    if HAS_BIAS:
+        y += gl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(gl.float32)[:, None]
+    ptrs = out_ptr + toks[None, :].to(gl.int64) * stride_om + rows[:, None]
+    gl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (toks < M)[None, :])
+
+
+@gluon.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
+    M, N, stride_xm, stride_w, stride_s, stride_om,  # w in int32 words, s in int16 pairs
+    k_iters,  # K chunks (of 8 * NBYTES elements) per split, a multiple of 4
+    HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NBYTES: gl.constexpr,
+    SPLIT_K: gl.constexpr, OUT_LOG2: gl.constexpr,
+    WL: gl.constexpr, SL: gl.constexpr, XL: gl.constexpr, MMA: gl.constexpr,
+):
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    WS: gl.constexpr = NBYTES  # int32 words per weight row per chunk (4 threads)
+    SS: gl.constexpr = NBYTES // 4  # int16 scale pairs per weight row per chunk
+    XS: gl.constexpr = 8 * NBYTES  # x elements per chunk
+    k0 = pid_k * k_iters * XS  # first K index of this split
+    # Rows past N re-read row N - 1 and tokens past M re-read token M - 1 (neither is
+    # stored), so the loop's loads need no masks.
+    rows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)
+    w_ptrs = (w_ptr + rows[:, None].to(gl.int64) * stride_w
+              + (k0 // 8 + gl.arange(0, WS, layout=gl.SliceLayout(0, WL)))[None, :])
+    srows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, SL)), N - 1)
+    s_ptrs = (s_ptr + srows[:, None].to(gl.int64) * stride_s
+              + (k0 // 32 + gl.arange(0, SS, layout=gl.SliceLayout(0, SL)))[None, :])
+    toks = gl.minimum(gl.arange(0, BM, layout=gl.SliceLayout(1, XL)), M - 1)
+    x_ptrs = (x_ptr + toks[:, None].to(gl.int64) * stride_xm
+              + (k0 + gl.arange(0, XS, layout=gl.SliceLayout(0, XL)))[None, :])
+
+    # Four weight chunks in flight (w0..w3 with their scales), x one chunk ahead (it comes
+    # from L1: every program with this split reads the same x).
+    acc = gl.zeros([BN, BM], gl.float32, MMA)
+    w0 = gl.load(w_ptrs)
+    sc0 = gl.load(s_ptrs)
+    w1 = gl.load(w_ptrs + WS)
+    sc1 = gl.load(s_ptrs + SS)
+    w2 = gl.load(w_ptrs + 2 * WS)
+    sc2 = gl.load(s_ptrs + 2 * SS)
+    w3 = gl.load(w_ptrs + 3 * WS)
+    sc3 = gl.load(s_ptrs + 3 * SS)
+    xa = gl.load(x_ptrs)
+    for _ in range(k_iters // 4 - 1):
+        w_ptrs += 4 * WS
+        s_ptrs += 4 * SS
+        xb = gl.load(x_ptrs + XS)
+        acc = _mma_step(w0, sc0, xa, acc, WL, MMA)
+        w0 = gl.load(w_ptrs)
+        sc0 = gl.load(s_ptrs)
+        xa = gl.load(x_ptrs + 2 * XS)
+        acc = _mma_step(w1, sc1, xb, acc, WL, MMA)
+        w1 = gl.load(w_ptrs + WS)
+        sc1 = gl.load(s_ptrs + SS)
+        xb = gl.load(x_ptrs + 3 * XS)
+        acc = _mma_step(w2, sc2, xa, acc, WL, MMA)
+        w2 = gl.load(w_ptrs + 2 * WS)
+        sc2 = gl.load(s_ptrs + 2 * SS)
+        x_ptrs += 4 * XS
+        xa = gl.load(x_ptrs)
+        acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
+        w3 = gl.load(w_ptrs + 3 * WS)
+        sc3 = gl.load(s_ptrs + 3 * SS)
+    xb = gl.load(x_ptrs + XS)
+    acc = _mma_step(w0, sc0, xa, acc, WL, MMA)
+    xa = gl.load(x_ptrs + 2 * XS)
+    acc = _mma_step(w1, sc1, xb, acc, WL, MMA)
+    xb = gl.load(x_ptrs + 3 * XS)
+    acc = _mma_step(w2, sc2, xa, acc, WL, MMA)
+    acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
+
+    _finish(acc, pid_n, pid_k, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, stride_om,
+            HAS_BIAS, BN, BM, SPLIT_K, OUT_LOG2, MMA)
+
+
+@gluon.jit
+def _finish(acc, pid_n, pid_k, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, stride_om,
+            HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, SPLIT_K: gl.constexpr,
+            OUT_LOG2: gl.constexpr, L: gl.constexpr):
+    """Write this program's [BN, BM] sums (layout L), or (split K) add them to the other
+    splits' first."""
+    out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
+    out_toks = gl.arange(0, BM, layout=gl.SliceLayout(0, L))
+    if SPLIT_K == 1:
+        _store(acc, out_rows, out_toks, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
+               HAS_BIAS, OUT_LOG2)
+    else:
+        # As in linear_kernels: publish the partial; the last of the tile's programs to
+        # arrive sums all partials in split order (deterministic) and writes the output.
+        tile = pid_n
+        n_tiles = gl.num_programs(0)
+        offs = (gl.arange(0, BN, layout=gl.SliceLayout(1, L))[:, None] * BM
+                + out_toks[None, :])
+        gl.store(ws_ptr + (pid_k * n_tiles + tile).to(gl.int64) * (BN * BM) + offs, acc)
+        gl.thread_barrier()
+        arrived = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == SPLIT_K - 1:
+            total = gl.zeros([BN, BM], gl.float32, L)
+            for s in range(SPLIT_K):
+                part = ws_ptr + (s * n_tiles + tile).to(gl.int64) * (BN * BM) + offs
+                total += gl.load(part, cache_modifier=".cg")  # L2: written by other SMs
+            _store(total, out_rows, out_toks, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
+                   HAS_BIAS, OUT_LOG2)
+            gl.atomic_xchg(cnt_ptr + tile, 0)  # ready for the next launch
+
+
+def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
+    """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
+    kernel is used instead: more than 8 tokens, layers under 2^23 weights, K not a
+    multiple of 512. From runs of .gpu-style sweeps on an H200 (docs/notes/nvfp4-triton.md,
+    session `gluon-gemv`): 128 rows on 8 warps per program and K split until there are
+    about two programs (16 warps) per SM measured best or within 3% of best at M = 1 on
+    8192 x 28672, 28672 x 8192, 4096 x 4096, 2048 x 4096 and 1024 x 8192; 16 tokens
+    (two MMA columns of 8) measured slower than the Triton kernel."""
+    if m > 8 or n * k < 2**23:
+        return None
+    cfg = dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8)
+    if not fits(m, k, cfg):
+        return None
+    tiles = triton.cdiv(n, cfg["BN"])
+    while tiles * cfg["SPLIT_K"] * 2 <= 2 * sms:
+        if not fits(m, k, dict(cfg, SPLIT_K=cfg["SPLIT_K"] * 2)):
+            break
+        cfg["SPLIT_K"] *= 2
+    return cfg
+
+
+def fits(m: int, k: int, cfg: dict) -> bool:
+    """Whether the Gluon GEMV handles this call: few tokens and whole chunks per split."""
+    return m <= cfg["BM"] and k % (32 * cfg["NBYTES"] * cfg["SPLIT_K"]) == 0
+
+
+def launch(x2, packed, scales, s2, bias, out, cfg):
+    """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, BM, NBYTES, SPLIT_K,
+    num_warps); requires fits(M, K, cfg) and unit strides along K."""
+    m, k = x2.shape
+    n = packed.shape[0]
+    bn, bm, nbytes, split, w = (cfg[key] for key in ("BN", "BM", "NBYTES", "SPLIT_K",
+                                                     "num_warps"))
+    assert fits(m, k, cfg), (m, k, cfg)
+    k_iters = k // (8 * nbytes * split)  # a multiple of 4: see fits()
+    grid = (triton.cdiv(n, bn), split)
+    if split > 1:
+        ws = x2.new_empty(split * grid[0] * bn * bm, dtype=s2.dtype)
+        cnt = _tile_counters(x2.device, grid[0])
+    else:
+        ws = cnt = out  # never read
+    wl, sl, xl, mma = layouts(bn, bm, w, nbytes)
+    words = packed.view(torch.int32)
+    pairs = scales.view(torch.int16)
+    _gemv_kernel[grid](
+        x2, words, pairs, s2, bias if bias is not None else out, out, ws, cnt,
+        m, n, x2.stride(0), words.stride(0), pairs.stride(0), out.stride(0), k_iters,
+        HAS_BIAS=bias is not None, BN=bn, BM=bm, NBYTES=nbytes, SPLIT_K=split,
+        OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma,
+        num_warps=w,
+    )
+    return out
+

@@ -1,0 +1,113 @@
+"""The Gluon GEMV (libs/kernels/nvfp4/gemv_kernel.py) on CUDA: every config it may be given
+against the exact product, including ragged N, clamped tokens, bias, fp16, split-K and
+every e4m3 scale code. GPU only (marked `gpu`)."""
+
+import pytest
+import torch
+
+from libs.kernels.nvfp4 import reference
+
+pytestmark = pytest.mark.gpu
+CUDA = "cuda"
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+gk = pytest.importorskip("libs.kernels.nvfp4.gemv_kernel")
+
+CONFIGS = [
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, num_warps=4),
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=4, num_warps=4),
+    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=2, num_warps=8),
+    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=2, num_warps=4),
+    dict(BN=64, BM=8, NBYTES=32, SPLIT_K=1, num_warps=4),
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=2, num_warps=2),
+    dict(BN=128, BM=16, NBYTES=16, SPLIT_K=2, num_warps=8),
+]
+
+
+def _weight(n, k, dtype, seed, random_scales=False):
+    g = torch.Generator().manual_seed(seed)
+    if random_scales:  # every byte pattern of packed, every finite e4m3 scale code
+        packed = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+        codes = torch.randint(0, 0x7F, (n, k // 16), generator=g, dtype=torch.uint8)
+        codes[0, : min(k // 16, 0x7F)] = torch.arange(min(k // 16, 0x7F), dtype=torch.uint8)
+        s2 = torch.tensor(2.0**-20)
+        return packed.to(CUDA), codes.view(torch.float8_e4m3fn).to(CUDA), s2.to(CUDA)
+    from libs.kernels import quantize_nvfp4
+
+    w = torch.randn(n, k, generator=g) * 10 ** torch.empty(n, 1).uniform_(-2, 1, generator=g)
+    return quantize_nvfp4(w.to(dtype).to(CUDA))
+
+
+def _check(out, x, packed, scales, s2, bias, dtype):
+    w = reference.dequantize(packed, scales, s2, torch.float32).double()
+    exact = x.double() @ w.T + (bias.double() if bias is not None else 0)
+    mag = x.double().abs() @ w.abs().T + (bias.double().abs() if bias is not None else 0)
+    eps = 2.0**-8 if dtype is torch.bfloat16 else 2.0**-11
+    bound = (eps + x.shape[1] * 2.0**-22) * mag + 1e-30  # as test_linear_matches_reference
+    bad = (out.double() - exact).abs() > bound
+    assert not bad.any(), (int(bad.sum()), bad.nonzero()[:5].tolist())
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemv_configs_match_exact(cfg, dtype):
+    ran = 0
+    for n, k, m in ((384, 2048, 1), (200, 4096, 3), (1000, 2048, cfg["BM"]), (64, 8192, 2)):
+        if not gk.fits(m, k, cfg):
+            continue
+        ran += 1
+        packed, scales, s2 = _weight(n, k, dtype, seed=n + k)
+        g = torch.Generator().manual_seed(m)
+        x = torch.randn(m, k, generator=g).to(dtype).to(CUDA)
+        bias = torch.randn(n, generator=g).to(dtype).to(CUDA) if m % 2 else None
+        out = torch.full((m, n), float("nan"), device=CUDA, dtype=dtype)
+        gk.launch(x, packed, scales, s2.float(), bias, out, cfg)
+        _check(out, x, packed, scales, s2, bias, dtype)
+    assert ran >= 2, cfg  # every config meets at least two of the shapes
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemv_every_scale_code_and_byte(dtype):
+    cfg = CONFIGS[1]
+    packed, scales, s2 = _weight(256, 4096, dtype, seed=3, random_scales=True)
+    x = torch.randn(5, 4096, device=CUDA).to(dtype)
+    out = torch.empty(5, 256, device=CUDA, dtype=dtype)
+    gk.launch(x, packed, scales, s2, None, out, cfg)
+    _check(out, x, packed, scales, s2, None, dtype)
+
+
+def test_gemv_is_deterministic_and_leaves_counters_clean():
+    cfg = CONFIGS[1]
+    packed, scales, s2 = _weight(512, 4096, torch.bfloat16, seed=4)
+    x = torch.randn(1, 4096, device=CUDA, dtype=torch.bfloat16)
+    outs = []
+    for _ in range(3):
+        out = torch.empty(1, 512, device=CUDA, dtype=torch.bfloat16)
+        gk.launch(x, packed, scales, s2, None, out, cfg)
+        outs.append(out)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_gemv_does_not_write_past_m_or_n():
+    cfg = CONFIGS[0]
+    packed, scales, s2 = _weight(100, 2048, torch.bfloat16, seed=5)
+    x = torch.randn(3, 2048, device=CUDA, dtype=torch.bfloat16)
+    big = torch.full((8, 128), 7.0, device=CUDA, dtype=torch.bfloat16)
+    out = big[:3, :100]  # row stride 128: anything written past n or m shows in big
+    gk.launch(x, packed, scales, s2, None, out, cfg)
+    assert (big[3:] == 7).all() and (big[:, 100:] == 7).all()
+    _check(out, x, packed, scales, s2, None, torch.bfloat16)
+
+
+def test_fits_and_pick_config():
+    cfg = dict(BN=64, BM=8, NBYTES=16, SPLIT_K=4, num_warps=4)
+    assert gk.fits(1, 4096, cfg) and gk.fits(8, 2048, cfg)
+    assert not gk.fits(9, 4096, cfg)  # more tokens than the MMA's N
+    assert not gk.fits(1, 1024, cfg)  # K not four chunks per split
+    assert gk.pick_config(1, 8192, 28672) == dict(BN=128, BM=8, NBYTES=16, SPLIT_K=4,
+                                                  num_warps=8)
+    assert gk.pick_config(8, 4096, 4096)["SPLIT_K"] == 8
+    assert gk.pick_config(9, 4096, 4096) is None  # more tokens: linear_kernels
+    assert gk.pick_config(1, 576, 1536) is None  # small layers: linear_kernels
+    assert gk.pick_config(1, 4096, 4160) is None  # K not a multiple of 512
