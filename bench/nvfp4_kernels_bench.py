@@ -231,10 +231,44 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool) -> list[str]:
     return rows
 
 
+def tune_gemv(x, qs, n_fp4, reps, m, n, k):
+    """Time the Gluon GEMV (gemv_kernel.py) over tile shapes and K splits: the sweep behind
+    gemv_kernel.pick_config. Returns [] where it cannot run (more than 8 tokens, K not a
+    multiple of 512, a Triton without Gluon)."""
+    try:
+        from libs.kernels.nvfp4 import gemv_kernel as gk
+    except ImportError:
+        return []
+    pick = gk.pick_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    y_ref = reference.linear(x, qs[0][0], qs[0][1], qs[0][2], None).float()
+    out = []
+    for bn, warps in ((128, 8), (64, 4), (128, 4), (256, 8)):
+        for split in (1, 2, 4, 8, 16):
+            cfg = dict(BN=bn, BM=8, NBYTES=16, SPLIT_K=split, num_warps=warps)
+            if m > 8 or not gk.fits(m, k, cfg) or not 66 <= math.ceil(n / bn) * split <= 1056:
+                continue
+
+            def call(q, cfg=cfg):
+                o = torch.empty(m, n, device="cuda", dtype=x.dtype)
+                gk.launch(x, q[0], q[1], q[2], None, o, cfg)
+
+            o = torch.empty(m, n, device="cuda", dtype=x.dtype)
+            gk.launch(x, qs[0][0], qs[0][1], qs[0][2], None, o, cfg)
+            rel = ((o.float() - y_ref).norm() / y_ref.norm()).item()
+            t = graph_time_ms([(lambda q=qs[i % n_fp4]: call(q)) for i in range(reps)])
+            name = f"gemv-bn{bn}-w{warps}-split{split}" + (" (picked)" if cfg == pick else "")
+            out.append(dict(name=name, cfg=cfg, us=t * 1e3, rel_err=rel))
+            print(f"tune [{n}x{k}] M={m}: {name} {t * 1e3:.1f} us rel_err {rel:.1e}",
+                  flush=True)
+    return out
+
+
 def tune_configs(x, qs, n_fp4, reps, m, n, k):
-    """Time a few alternative configs and both decodes (a modest, offline autotune)."""
+    """Time a few alternative configs and both decodes (a modest, offline autotune), and
+    the Gluon GEMV's configs where it applies."""
+    gemv = tune_gemv(x, qs, n_fp4, reps, m, n, k) if m <= 8 else []
     base = lk.pick_config(m, n, k)
-    variants = [dict(base, name="picked")]
+    variants = [dict(base, name="triton-picked")]
     if n * k < 4096 * 4096:  # launch-bound shapes: only fewer programs / less reduction
         variants.append(dict(base, SPLIT_K=1, name="split1"))
         variants.append(dict(base, SPLIT_K=1, BLOCK_K=64, name="split1-bk64"))
@@ -279,7 +313,7 @@ def tune_configs(x, qs, n_fp4, reps, m, n, k):
                       f"rel_err {rel:.1e}", flush=True)
             except Exception as e:  # a config that does not compile or fit is skipped
                 out.append(dict(name=v["name"], asm=asm, cfg=cfg, error=repr(e)[:200]))
-    return out
+    return gemv + out
 
 
 def _load_module(name: str, path: str):
@@ -361,7 +395,7 @@ def main(argv=None) -> int:
               f"{t['us']:.1f} us {t['gbs']:.0f} GB/s ({100 * t['gbs'] / copy_gbs:.1f}%)")
     for e in results["linear"]:
         for t in e.get("tune", []):
-            print(f"tune {e['shape']} M={e['m']}: {t['name']} asm={t['asm']} "
+            print(f"tune {e['shape']} M={e['m']}: {t['name']} asm={t.get('asm', '-')} "
                   f"{t.get('us', float('nan')):.1f} us {t.get('error', '')}")
     return 0
 

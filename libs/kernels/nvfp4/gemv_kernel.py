@@ -296,11 +296,12 @@ def _finish(acc, pid_n, pid_k, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, N, M,
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
     kernel is used instead: more than 8 tokens, layers under 2^23 weights, K not a
-    multiple of 512. From runs of .gpu-style sweeps on an H200 (docs/notes/nvfp4-triton.md,
-    session `gluon-gemv`): 128 rows on 8 warps per program and K split until there are
-    about two programs (16 warps) per SM measured best or within 3% of best at M = 1 on
-    8192 x 28672, 28672 x 8192, 4096 x 4096, 2048 x 4096 and 1024 x 8192; 16 tokens
-    (two MMA columns of 8) measured slower than the Triton kernel."""
+    multiple of 512. From `python -m bench.nvfp4_kernels_bench --linear-only --tune
+    --tune-m 1` and sweeps of the same configs on more shapes on an H200
+    (docs/notes/nvfp4-triton.md, session `gluon-gemv`): 128 rows on 8 warps per program and
+    K split until there are about two programs (16 warps) per SM measured best or within 3%
+    of best at M = 1 on 8192 x 28672, 28672 x 8192, 4096 x 4096, 2048 x 4096 and 1024 x
+    8192; 16 tokens (two MMA columns of 8) measured slower than the Triton kernel."""
     if m > 8 or n * k < 2**23:
         return None
     cfg = dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8)
