@@ -111,3 +111,21 @@ def test_fits_and_pick_config():
     assert gk.pick_config(9, 4096, 4096) is None  # more tokens: linear_kernels
     assert gk.pick_config(1, 576, 1536) is None  # small layers: linear_kernels
     assert gk.pick_config(1, 4096, 4160) is None  # K not a multiple of 512
+
+
+def test_linear_uses_the_gemv_only_on_views_it_can_read():
+    # nvfp4_linear hands M = 1 on this layer to the GEMV when the weight bytes can be read as
+    # int32 words; a weight starting 2 bytes into a buffer cannot, and takes the Triton
+    # kernel instead. Both must hold the bound.
+    from libs.kernels import nvfp4_linear
+
+    n, k = 2048, 4096
+    packed, scales, s2 = _weight(n, k, torch.bfloat16, seed=6)
+    assert gk.pick_config(1, n, k) is not None and gk.viewable(packed, scales)
+    buf = torch.empty(packed.numel() + 2, dtype=torch.uint8, device=CUDA)
+    shifted = buf[2:].view(n, k // 2)
+    shifted.copy_(packed)
+    assert not gk.viewable(shifted, scales)
+    x = torch.randn(1, k, device=CUDA, dtype=torch.bfloat16)
+    for p in (packed, shifted):
+        _check(nvfp4_linear(x, p, scales, s2), x, p, scales, s2, None, torch.bfloat16)

@@ -315,6 +315,12 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     return cfg
 
 
+def viewable(packed: torch.Tensor, scales: torch.Tensor) -> bool:
+    """Whether packed and scales can be read as int32 words and int16 pairs (launch views
+    them so): a weight sliced out of a larger buffer may start off that alignment."""
+    return packed.data_ptr() % 4 == 0 and scales.data_ptr() % 2 == 0
+
+
 def fits(m: int, k: int, cfg: dict) -> bool:
     """Whether the Gluon GEMV handles this call: few tokens and whole chunks per split."""
     return m <= cfg["BM"] and k % (32 * cfg["NBYTES"] * cfg["SPLIT_K"]) == 0

@@ -385,7 +385,8 @@ def linear(
     if x2.shape[0] and n:
         s2 = s2.to(device=x.device, dtype=torch.float32)
         gemv = _gemv_kernel()
-        cfg = gemv and gemv.pick_config(x2.shape[0], n, k, _sm_count(x.device))
+        cfg = gemv and gemv.viewable(packed, scales) and gemv.pick_config(
+            x2.shape[0], n, k, _sm_count(x.device))
         if cfg:  # a few tokens on long rows: the Gluon mma.sync GEMV
             gemv.launch(x2, packed, scales, s2, bias, out, cfg)
         else:
