@@ -384,7 +384,7 @@ def linear(
     out = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
     if x2.shape[0] and n:
         s2 = s2.to(device=x.device, dtype=torch.float32)
-        gemv = _gemv_kernel()
+        gemv = _gemv_kernel() if x.is_cuda else None  # (Gluon has no CPU interpreter)
         cfg = gemv and gemv.viewable(packed, scales) and gemv.pick_config(
             x2.shape[0], n, k, _sm_count(x.device))
         if cfg:  # a few tokens on long rows: the Gluon mma.sync GEMV
