@@ -17,6 +17,8 @@ from pathlib import Path
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from libs.rpc.options import SERVER_OPTIONS
+
 log = logging.getLogger("pdmesh.tracestore")
 
 SCHEMA = """
@@ -150,11 +152,9 @@ class _Receiver(trace_service_pb2_grpc.TraceServiceServicer):
 def serve(path: str | Path, host: str, port: int, max_spans: int) -> tuple[grpc.Server, int]:
     """Start the receiver (its own thread pool); returns the server and its port."""
     store = TraceStore(path, max_spans)
-    # No SO_REUSEPORT (gRPC's default is on): a port another process holds must fail to
-    # bind here, not be shared with it, as for every pdmesh server (libs/rpc/options.py).
-    server = grpc.server(
-        futures.ThreadPoolExecutor(max_workers=4), options=[("grpc.so_reuseport", 0)]
-    )
+    # The options every pdmesh server uses; among them no SO_REUSEPORT (gRPC's default is
+    # on), so a port another process holds fails to bind here instead of being shared.
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=SERVER_OPTIONS)
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Receiver(store), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     server.start()

@@ -38,6 +38,8 @@ compile time by `convert_layout(..., assert_trivial=True)`. x is reordered the s
 Numerics are those of linear_kernels (same decode, fp32 accumulation, s2 in the epilogue).
 """
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -52,6 +54,7 @@ def _log2(v: int) -> int:
     return v.bit_length() - 1
 
 
+@functools.cache  # built once per config, not on every linear call
 def layouts(bn: int, bm: int, num_warps: int, nbytes: int):
     """(weight words [bn, nbytes] (int32: 4 bytes each), scale pairs [bn, nbytes/16] (int16:
     two blocks' e4m3 bytes), x [bm, 8*nbytes], MMA accumulator) layouts; see the module
