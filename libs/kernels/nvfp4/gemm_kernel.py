@@ -28,9 +28,9 @@ import functools
 
 import torch
 import triton
-from triton.runtime.jit import constexpr_function
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -101,19 +101,20 @@ def _decode_tile(words, pairs, dtype: gl.constexpr, WL: gl.constexpr):
 
 
 @gluon.jit
-def _decode_partition(w_ptr, s_ptr, a_bufs, ready, empty, off_n, N, stride_w, stride_s,
-                      k_steps, first, every):
-    """Decode warps for steps first, first + every, ...: the packed weights and scales of
-    the next two of its steps are in registers while one is decoded; then wait for the
-    slot to be free, store, fence for wgmma's async proxy, arrive."""
+def _decode_partition(w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                      stride_s, k_steps, first, every, P: gl.constexpr):
+    """Decode warps for steps first, first + every, ...: each thread copies its weight row's
+    words and scales of the step P - 1 ahead into its own ring slot (cp.async: many bytes
+    in flight without holding registers), decodes the oldest one, waits for the tile slot
+    to be free, stores, arrives. (No proxy fence here: see _mma_partition.)"""
     S: gl.constexpr = a_bufs.shape[0]
     BN: gl.constexpr = a_bufs.shape[1]
     BK: gl.constexpr = a_bufs.shape[2]
-    DW: gl.constexpr = gl.num_warps()
     NW: gl.constexpr = BK // 8  # int32 words per row and step
     NP: gl.constexpr = BK // 32  # int16 scale pairs per row and step
-    WL: gl.constexpr = _word_layout(BN, BK, DW)
-    SL: gl.constexpr = _pair_layout(BN, BK, DW)
+    WL: gl.constexpr = gl.BlockedLayout([1, NW], [32, 1], [gl.num_warps(), 1], [1, 0])
+    SL: gl.constexpr = gl.BlockedLayout([1, NP], [32, 1], [gl.num_warps(), 1], [1, 0])
+    base = first * P  # this partition's P ring slots
     # Rows past N re-read row N - 1 (never stored), so the loads need no masks.
     rows = gl.minimum(off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)
     w_ptrs = (w_ptr + rows[:, None].to(gl.int64) * stride_w
@@ -122,26 +123,28 @@ def _decode_partition(w_ptr, s_ptr, a_bufs, ready, empty, off_n, N, stride_w, st
     s_ptrs = (s_ptr + srows[:, None].to(gl.int64) * stride_s
               + gl.arange(0, NP, layout=gl.SliceLayout(0, SL))[None, :])
     last = k_steps - 1  # steps past the end re-read the last one
-    j = gl.minimum(first, last)
-    wa = gl.load(w_ptrs + j * NW)
-    sa = gl.load(s_ptrs + j * NP)
-    j = gl.minimum(first + every, last)
-    wb = gl.load(w_ptrs + j * NW)
-    sb = gl.load(s_ptrs + j * NP)
+    for q in gl.static_range(P - 1):
+        j = gl.minimum(first + q * every, last)
+        async_copy.async_copy_global_to_shared(w_raw.index(base + q), w_ptrs + j * NW)
+        async_copy.async_copy_global_to_shared(s_raw.index(base + q), s_ptrs + j * NP)
+        async_copy.commit_group()
+    t = 0
     for i in range(first, k_steps, every):
-        j = gl.minimum(i + 2 * every, last)
-        wc = gl.load(w_ptrs + j * NW)
-        sc = gl.load(s_ptrs + j * NP)
+        j = gl.minimum(i + (P - 1) * every, last)
+        r = (t + P - 1) % P  # the slot read in the previous iteration
+        async_copy.async_copy_global_to_shared(w_raw.index(base + r), w_ptrs + j * NW)
+        async_copy.async_copy_global_to_shared(s_raw.index(base + r), s_ptrs + j * NP)
+        async_copy.commit_group()
+        async_copy.wait_group(P - 1)  # this thread's copies of step i have landed
+        wa = w_raw.index(base + t % P).load(WL)
+        sa = s_raw.index(base + t % P).load(SL)
         a = _decode_tile(wa, sa, a_bufs.dtype, WL)
         slot = i % S
         mbarrier.wait(empty.index(slot), ((i // S) & 1) ^ 1)
         a_bufs.index(slot).store(a)
-        fence_async_shared()
         mbarrier.arrive(ready.index(slot), count=1)
-        wa = wb
-        sa = sb
-        wb = wc
-        sb = sc
+        t += 1
+    async_copy.wait_group(0)
 
 
 @gluon.jit
@@ -168,6 +171,10 @@ def _mma_partition(a_bufs, x_bufs, ready, empty, k_steps, ACC: gl.constexpr):
     for i in range(k_steps):
         slot = i % S
         mbarrier.wait(ready.index(slot), (i // S) & 1)
+        # The decoders' generic-proxy stores, ordered before this by the barrier, made
+        # visible to wgmma's async proxy here: a fence in the decode warps would wait for
+        # their prefetch loads too (it compiles to MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC).
+        fence_async_shared()
         acc = warpgroup_mma(a_bufs.index(slot), x_bufs.index(slot).permute((1, 0)), acc,
                             is_async=True)
         acc = warpgroup_mma_wait(1, deps=(acc,))
@@ -177,89 +184,142 @@ def _mma_partition(a_bufs, x_bufs, ready, empty, k_steps, ACC: gl.constexpr):
 
 @gluon.jit
 def _gemm_kernel(
-    x_desc, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr,
-    M, N, stride_w, stride_s, stride_om,  # w in int32 words, s in int16 pairs
+    x_desc, w_ptr, s_ptr, s2_ptr, bias_ptr, out_desc,
+    N, stride_w, stride_s,  # w in int32 words, s in int16 pairs
     k_steps,  # K // BK
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-    OUT_LOG2: gl.constexpr, DECODERS: gl.constexpr, DECODE_WARPS: gl.constexpr,
-    DECODE_REGS: gl.constexpr,
+    OUT_LOG2: gl.constexpr, DECODERS: gl.constexpr, PREFETCH: gl.constexpr,
+    DECODE_REGS: gl.constexpr, RAW_SWIZZLE: gl.constexpr,
     ACC: gl.constexpr, A_SMEM: gl.constexpr,
 ):
     BM: gl.constexpr = x_desc.block_type.shape[0]
+    gl.static_assert(BN == BK)  # the epilogue reuses an x slot for the output tile
     off_n = gl.program_id(0) * BN
     off_m = gl.program_id(1) * BM
     a_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BN, BK], A_SMEM)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, BK], x_desc.layout)
+    if RAW_SWIZZLE:
+        # A thread's 32-byte row is two 16-byte pieces; rows 4 apart swap them, so the 8
+        # rows a quarter-warp reads at once fill all 32 banks (no 2-way conflicts).
+        W_RAW: gl.constexpr = gl.SwizzledSharedLayout(4, 4, 2, [1, 0])
+    else:
+        W_RAW: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    S_RAW: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+    w_raw = gl.allocate_shared_memory(gl.int32, [DECODERS * PREFETCH, BN, BK // 8], W_RAW)
+    s_raw = gl.allocate_shared_memory(gl.int16, [DECODERS * PREFETCH, BN, BK // 32], S_RAW)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=2)  # the decoders' arrive + the TMA's expect
         mbarrier.init(empty.index(s), count=1)
     fence_async_shared()
-    # Several decode partitions take turns (steps d, d + DECODERS, ...): one warp per
-    # scheduler cannot hide the decode's latencies.
+    # Several decode partitions take turns (steps d, d + DECODERS, ...): a few warps
+    # cannot hide the decode's latencies (barrier waits, fences, loads).
     if DECODERS == 1:
         (acc,) = gl.warp_specialize([
             (_mma_partition, (a_bufs, x_bufs, ready, empty, k_steps, ACC)),
             (_load_partition, (x_desc, x_bufs, ready, empty, off_m, k_steps)),
-            (_decode_partition, (w_ptr, s_ptr, a_bufs, ready, empty, off_n, N, stride_w,
-                                 stride_s, k_steps, 0, 1)),
-        ], [1, DECODE_WARPS], [24, DECODE_REGS])
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 0, 1, PREFETCH)),
+        ], [1] + [BN // 32] * 1, [24] + [DECODE_REGS] * 1)
     elif DECODERS == 2:
         (acc,) = gl.warp_specialize([
             (_mma_partition, (a_bufs, x_bufs, ready, empty, k_steps, ACC)),
             (_load_partition, (x_desc, x_bufs, ready, empty, off_m, k_steps)),
-            (_decode_partition, (w_ptr, s_ptr, a_bufs, ready, empty, off_n, N, stride_w,
-                                 stride_s, k_steps, 0, 2)),
-            (_decode_partition, (w_ptr, s_ptr, a_bufs, ready, empty, off_n, N, stride_w,
-                                 stride_s, k_steps, 1, 2)),
-        ], [1, DECODE_WARPS, DECODE_WARPS], [24, DECODE_REGS, DECODE_REGS])
-    else:
-        gl.static_assert(DECODERS == 3)
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 0, 2, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 1, 2, PREFETCH)),
+        ], [1] + [BN // 32] * 2, [24] + [DECODE_REGS] * 2)
+    elif DECODERS == 3:
         (acc,) = gl.warp_specialize([
             (_mma_partition, (a_bufs, x_bufs, ready, empty, k_steps, ACC)),
             (_load_partition, (x_desc, x_bufs, ready, empty, off_m, k_steps)),
-            (_decode_partition, (w_ptr, s_ptr, a_bufs, ready, empty, off_n, N, stride_w,
-                                 stride_s, k_steps, 0, 3)),
-            (_decode_partition, (w_ptr, s_ptr, a_bufs, ready, empty, off_n, N, stride_w,
-                                 stride_s, k_steps, 1, 3)),
-            (_decode_partition, (w_ptr, s_ptr, a_bufs, ready, empty, off_n, N, stride_w,
-                                 stride_s, k_steps, 2, 3)),
-        ], [1, DECODE_WARPS, DECODE_WARPS, DECODE_WARPS],
-            [24, DECODE_REGS, DECODE_REGS, DECODE_REGS])
-    rows = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
-    toks = off_m + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC))
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 0, 3, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 1, 3, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 2, 3, PREFETCH)),
+        ], [1] + [BN // 32] * 3, [24] + [DECODE_REGS] * 3)
+    elif DECODERS == 4:
+        (acc,) = gl.warp_specialize([
+            (_mma_partition, (a_bufs, x_bufs, ready, empty, k_steps, ACC)),
+            (_load_partition, (x_desc, x_bufs, ready, empty, off_m, k_steps)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 0, 4, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 1, 4, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 2, 4, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 3, 4, PREFETCH)),
+        ], [1] + [BN // 32] * 4, [24] + [DECODE_REGS] * 4)
+    elif DECODERS == 5:
+        (acc,) = gl.warp_specialize([
+            (_mma_partition, (a_bufs, x_bufs, ready, empty, k_steps, ACC)),
+            (_load_partition, (x_desc, x_bufs, ready, empty, off_m, k_steps)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 0, 5, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 1, 5, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 2, 5, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 3, 5, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 4, 5, PREFETCH)),
+        ], [1] + [BN // 32] * 5, [24] + [DECODE_REGS] * 5)
+    elif DECODERS == 6:
+        (acc,) = gl.warp_specialize([
+            (_mma_partition, (a_bufs, x_bufs, ready, empty, k_steps, ACC)),
+            (_load_partition, (x_desc, x_bufs, ready, empty, off_m, k_steps)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 0, 6, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 1, 6, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 2, 6, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 3, 6, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 4, 6, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 5, 6, PREFETCH)),
+        ], [1] + [BN // 32] * 6, [24] + [DECODE_REGS] * 6)
+    elif DECODERS == 7:
+        (acc,) = gl.warp_specialize([
+            (_mma_partition, (a_bufs, x_bufs, ready, empty, k_steps, ACC)),
+            (_load_partition, (x_desc, x_bufs, ready, empty, off_m, k_steps)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 0, 7, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 1, 7, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 2, 7, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 3, 7, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 4, 7, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 5, 7, PREFETCH)),
+            (_decode_partition, (w_ptr, s_ptr, w_raw, s_raw, a_bufs, ready, empty, off_n, N, stride_w,
+                                 stride_s, k_steps, 6, 7, PREFETCH)),
+        ], [1] + [BN // 32] * 7, [24] + [DECODE_REGS] * 7)
+    else:
+        gl.static_assert(DECODERS <= 7)
     y = (acc * (2.0**OUT_LOG2)) * gl.load(s2_ptr)  # the power of two is exact
     if HAS_BIAS:
+        rows = off_n + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
         y += gl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(gl.float32)[:, None]
-    # 32-bit offsets (launch checks the output has < 2^31 elements): 64-bit pointers for
-    # all BN * BM / 128 values per thread would spill.
-    offs = toks[None, :] * stride_om + rows[:, None]
-    gl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty),
-             mask=(rows < N)[:, None] & (toks < M)[None, :])
-
-
-@constexpr_function
-def _decode_split(bn, bk, dw):
-    """(words per decode thread, decode threads per row): dw warps cover [bn, bk/8]."""
-    nw = bk // 8
-    wpt = bn * nw // (32 * dw)
-    assert wpt % 4 == 0 and nw % wpt == 0, (bn, bk)  # whole scale pairs per thread
-    return wpt, nw // wpt
-
-
-@constexpr_function
-def _word_layout(bn, bk, dw):
-    """The decode warps' int32 weight words [bn, bk/8]: consecutive words of a row."""
-    wpt, tpr = _decode_split(bn, bk, dw)
-    return gl.BlockedLayout([1, wpt], [32 // tpr, tpr], [dw, 1], [1, 0])
-
-
-@constexpr_function
-def _pair_layout(bn, bk, dw):
-    """Their int16 scale pairs [bn, bk/32], each thread the pairs of its words."""
-    wpt, tpr = _decode_split(bn, bk, dw)
-    return gl.BlockedLayout([1, wpt // 4], [32 // tpr, tpr], [dw, 1], [1, 0])
+    # The [BM, BN] output tile leaves by TMA from an x slot (all are free now, and BN == BK
+    # gives it the same shape and swizzle): whole 128-byte rows instead of scattered
+    # 2-byte stores; TMA drops the rows and columns past M and N.
+    c_smem = x_bufs.index(0)
+    c_smem.store(gl.permute(y.to(x_desc.dtype), (1, 0)))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(out_desc, [off_m, off_n], c_smem)
+    tma.store_wait(0)
 
 
 @functools.cache  # built once per config, not on every linear call
@@ -277,11 +337,13 @@ def fits(m: int, k: int, cfg: dict) -> bool:
     return k % cfg["BK"] == 0
 
 
-def viewable(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor) -> bool:
-    """Whether the weights read as int32 words and int16 pairs and x makes a TMA
-    descriptor (16-byte aligned base and row stride)."""
+def viewable(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+             out: torch.Tensor) -> bool:
+    """Whether the weights read as int32 words and int16 pairs, and x and out make TMA
+    descriptors (16-byte aligned bases and row strides)."""
     return (packed.data_ptr() % 4 == 0 and scales.data_ptr() % 2 == 0
-            and x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0)
+            and all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+                    for t in (x2, out)))
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
@@ -290,22 +352,21 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     m, k = x2.shape
     n = packed.shape[0]
     bn, bm, bk, stages, mw = (cfg[key] for key in ("BN", "BM", "BK", "STAGES", "mma_warps"))
-    assert fits(m, k, cfg) and out.numel() < 2**31, (m, k, cfg)
-    _decode_split(bn, bk, cfg["decode_warps"])  # asserts the tile splits evenly over the decode warps
+    assert fits(m, k, cfg) and bn == bk, (m, k, cfg)
     acc, a_smem = layouts(bm, bk, mw)
     x_layout = gl.NVMMASharedLayout(swizzle_byte_width=a_smem.swizzle_byte_width,
                                     element_bitwidth=16, rank=2)
     x_desc = TensorDescriptor.from_tensor(x2, [bm, bk], x_layout)
+    out_desc = TensorDescriptor.from_tensor(out, [bm, bn], x_layout)
     words = packed.view(torch.int32)
     pairs = scales.view(torch.int16)
     grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
     _gemm_kernel[grid](
-        x_desc, words, pairs, s2, bias if bias is not None else out, out,
-        m, n, words.stride(0), pairs.stride(0), out.stride(0), k // bk,
+        x_desc, words, pairs, s2, bias if bias is not None else out, out_desc,
+        n, words.stride(0), pairs.stride(0), k // bk,
         HAS_BIAS=bias is not None, BN=bn, BK=bk, STAGES=stages,
-        OUT_LOG2=_DECODE[x2.dtype][1], DECODERS=cfg["decoders"],
-        DECODE_WARPS=cfg["decode_warps"],
-        DECODE_REGS=cfg["decode_regs"],
+        OUT_LOG2=_DECODE[x2.dtype][1], DECODERS=cfg["decoders"], PREFETCH=cfg["prefetch"],
+        DECODE_REGS=cfg["decode_regs"], RAW_SWIZZLE=cfg.get("raw_swizzle", True),
         ACC=acc, A_SMEM=a_smem,
         num_warps=mw, maxnreg=cfg["maxnreg"],
     )
