@@ -216,16 +216,18 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool) -> list[str]:
                     (lambda q=qs[i % n_fp4], x=x: BASELINE.linear(x, q[0], q[1], q[2], None))
                     for i in range(reps_per_graph)])
                 base_txt = f" {t_base * 1e3:8.1f} us (baseline) |"
-            cfg = lk.pick_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+            kernel, cfg = lk.route(x, qs[0][0], qs[0][1], torch.empty(m, n, device="cuda",
+                                                                   dtype=x.dtype))
             gbs = (fp4_bytes + m * k * 2 + m * n * 2) / t_fp4 / 1e6
             entry = dict(shape=label, n=n, k=k, m=m, bf16_us=t_bf16 * 1e3, nvfp4_us=t_fp4 * 1e3,
-                         speedup=t_bf16 / t_fp4, nvfp4_weight_gbs=gbs, config=cfg, rel_err=rel)
+                         speedup=t_bf16 / t_fp4, nvfp4_weight_gbs=gbs, kernel=kernel, config=cfg,
+                         rel_err=rel)
             if tune and m in TUNE_M and (m < 64 or n * k >= 4096 * 4096):
                 entry["tune"] = tune_configs(x, qs, n_fp4, reps_per_graph, m, n, k)
             results["linear"].append(entry)
             rows.append(f"| {label} | {n}x{k} | {m:3d} | {t_bf16 * 1e3:8.1f} us "
-                        f"| {t_fp4 * 1e3:8.1f} us | {t_bf16 / t_fp4:5.2f}x | {gbs:6.0f} GB/s |"
-                        + base_txt)
+                        f"| {t_fp4 * 1e3:8.1f} us | {t_bf16 / t_fp4:5.2f}x | {gbs:6.0f} GB/s "
+                        f"| {kernel} |" + base_txt)
         del ws, qs
         torch.cuda.empty_cache()
     return rows
@@ -263,10 +265,46 @@ def tune_gemv(x, qs, n_fp4, reps, m, n, k):
     return out
 
 
+def tune_gemm(x, qs, n_fp4, reps, m, n, k):
+    """Time the warp-specialized Gluon GEMM (gemm_kernel.py) with one to three decode
+    partitions and K split once more than picked: the sweep behind gemm_kernel.pick_config.
+    Returns [] where it does not apply (64 tokens or fewer, small layers)."""
+    try:
+        from libs.kernels.nvfp4 import gemm_kernel as gk
+    except ImportError:
+        return []
+    pick = gk.pick_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
+    if pick is None:
+        return []
+    y_ref = reference.linear(x, qs[0][0], qs[0][1], qs[0][2], None).float()
+    out = []
+    for decoders in (1, 2, 3):
+        for split in (pick["SPLIT_K"], pick["SPLIT_K"] * 2):
+            cfg = dict(pick, decoders=decoders, SPLIT_K=split,
+                       decode_regs=96 if decoders < 3 else 88)
+            if not gk.fits(m, k, cfg):
+                continue
+
+            def call(q, cfg=cfg):
+                o = torch.empty(m, n, device="cuda", dtype=x.dtype)
+                gk.launch(x, q[0], q[1], q[2], None, o, cfg)
+
+            o = torch.empty(m, n, device="cuda", dtype=x.dtype)
+            gk.launch(x, qs[0][0], qs[0][1], qs[0][2], None, o, cfg)
+            rel = ((o.float() - y_ref).norm() / y_ref.norm()).item()
+            t = graph_time_ms([(lambda q=qs[i % n_fp4]: call(q)) for i in range(reps)])
+            name = f"gemm-dec{decoders}-split{split}" + (" (picked)" if cfg == pick else "")
+            out.append(dict(name=name, cfg=cfg, us=t * 1e3, rel_err=rel))
+            print(f"tune [{n}x{k}] M={m}: {name} {t * 1e3:.1f} us rel_err {rel:.1e}",
+                  flush=True)
+    return out
+
+
 def tune_configs(x, qs, n_fp4, reps, m, n, k):
     """Time a few alternative configs and both decodes (a modest, offline autotune), and
     the Gluon GEMV's configs where it applies."""
-    gemv = tune_gemv(x, qs, n_fp4, reps, m, n, k) if m <= 8 else []
+    gemv = tune_gemv(x, qs, n_fp4, reps, m, n, k) if m <= 8 else tune_gemm(x, qs, n_fp4,
+                                                                         reps, m, n, k)
     base = lk.pick_config(m, n, k)
     variants = [dict(base, name="triton-picked")]
     if n * k < 4096 * 4096:  # launch-bound shapes: only fewer programs / less reduction
@@ -386,8 +424,8 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     print("\n".join(stream_rows))
     print("\nLinear: W is [N, K] (N outputs, K inputs), x is [M, K] bf16; per call, CUDA graph")
-    print("| shape | N x K | M | torch bf16 | nvfp4 Triton | speedup | nvfp4 bytes/s |")
-    print("|---|---|---|---|---|---|---|")
+    print("| shape | N x K | M | torch bf16 | nvfp4 | speedup | nvfp4 bytes/s | kernel |")
+    print("|---|---|---|---|---|---|---|---|")
     print("\n".join(linear_rows))
     for t in results["stream_tune"]:
         print(f"tune {t['op']} {t['dtype']}: blocks={t['blocks']} warps={t['warps']} "

@@ -50,6 +50,7 @@ once. Both stay within a few units of x.dtype's rounding of the exact sum: tests
 """
 
 import functools
+import importlib
 
 import torch
 import triton
@@ -267,13 +268,13 @@ def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 @functools.cache
-def _gemv_kernel():
-    """gemv_kernel (which imports this module), or None where Triton has no Gluon."""
+def _gluon(name: str):
+    """The Gluon module gemv_kernel or gemm_kernel (each imports this one), or None where
+    Triton has no Gluon."""
     try:
-        from . import gemv_kernel
+        return importlib.import_module(f".{name}", __package__)
     except ImportError:
         return None
-    return gemv_kernel
 
 
 @functools.cache
@@ -361,6 +362,28 @@ def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
     return out
 
 
+def route(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+          out: torch.Tensor) -> tuple[str, dict]:
+    """Which kernel computes out = x2 @ W.T, and its config: ("gemv", cfg) for a few tokens
+    on long rows (gemv_kernel), ("gemm", cfg) for many tokens on large layers
+    (gemm_kernel), else ("triton", cfg) for this module's kernel. The Gluon kernels need
+    CUDA tensors (Gluon has no CPU interpreter) and addresses they can read as words or
+    TMA descriptors."""
+    m, k = x2.shape
+    n = packed.shape[0]
+    sms = _sm_count(x2.device)
+    if x2.is_cuda:
+        gemv = _gluon("gemv_kernel")
+        cfg = gemv and gemv.viewable(packed, scales) and gemv.pick_config(m, n, k, sms)
+        if cfg:
+            return "gemv", cfg
+        gemm = _gluon("gemm_kernel")
+        cfg = gemm and gemm.viewable(x2, packed, scales, out) and gemm.pick_config(m, n, k, sms)
+        if cfg:
+            return "gemm", cfg
+    return "triton", pick_config(m, n, k, sms)
+
+
 def linear(
     x: torch.Tensor,
     packed: torch.Tensor,
@@ -384,13 +407,12 @@ def linear(
     out = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
     if x2.shape[0] and n:
         s2 = s2.to(device=x.device, dtype=torch.float32)
-        gemv = _gemv_kernel() if x.is_cuda else None  # (Gluon has no CPU interpreter)
-        cfg = gemv and gemv.viewable(packed, scales) and gemv.pick_config(
-            x2.shape[0], n, k, _sm_count(x.device))
-        if cfg:  # a few tokens on long rows: the Gluon mma.sync GEMV
-            gemv.launch(x2, packed, scales, s2, bias, out, cfg)
+        kernel, cfg = route(x2, packed, scales, out)
+        if kernel == "gemv":
+            _gluon("gemv_kernel").launch(x2, packed, scales, s2, bias, out, cfg)
+        elif kernel == "gemm":
+            _gluon("gemm_kernel").launch(x2, packed, scales, s2, bias, out, cfg)
         else:
-            cfg = pick_config(x2.shape[0], n, k, _sm_count(x.device))
             launch(x2, packed, scales, s2, bias, out, cfg)
     return out.reshape(*x.shape[:-1], n)
 
