@@ -109,7 +109,7 @@ def test_fits_and_pick_config():
     square = gk.pick_config(256, 4096, 4096)
     assert (square["BM"], square["SPLIT_K"]) == (256, 2)  # 64 tiles: split K in two
     assert gk.pick_config(100, 4096, 4096)["BM"] == 128
-    assert gk.pick_config(64, 8192, 28672) is None  # few tokens: the weight stream
+    assert gk.pick_config(95, 8192, 28672) is None  # few tokens: the weight stream
     assert gk.pick_config(256, 1536, 576) is None  # small layers: linear_kernels
     assert gk.pick_config(256, 4100, 4096) is None  # N not a multiple of 8
 
@@ -129,7 +129,8 @@ def test_linear_routes_to_the_gemm_only_where_it_can():
     out = torch.empty(256, n, device=CUDA, dtype=torch.bfloat16)
     assert lk.route(x, packed, scales, out)[0] == "gemm"
     assert lk.route(shifted, packed, scales, out)[0] == "triton"
-    assert lk.route(x[:64], packed, scales, out[:64])[0] == "triton"
+    assert lk.route(x[:95], packed, scales, out[:95])[0] == "triton"
+    assert lk.route(x[:96], packed, scales, out[:96])[0] == "gemm"
     assert lk.route(x[:1], packed, scales, out[:1])[0] == "gemv"
     for xx in (x, shifted):
         _check(nvfp4_linear(xx, packed, scales, s2), xx, packed, scales, s2, None,

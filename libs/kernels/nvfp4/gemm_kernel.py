@@ -3,22 +3,35 @@
 At a few hundred tokens the linear is tensor-core work, and linear_kernels' Triton kernel
 runs at about half of torch's bf16 matmul there: it decodes each weight tile into the
 registers of the very warps that then wait for their wgmma, so decode and MMA take turns.
-Here they run side by side in different warps of one program (Gluon's warp_specialize):
+Here they run side by side in different warps of one program (Gluon's warp_specialize),
+12 warps in all:
 
-- a loader warp brings x tiles [BM tokens, BK] into a shared-memory ring with TMA;
-- four decode warps read the packed weights and block scales straight from global memory
-  (a few steps ahead, in registers), decode them with the inline-PTX decode of the other
-  kernels, and store the bf16/fp16 tile [BN rows, BK] into a second ring, swizzled the way
-  wgmma reads it;
-- the MMA warpgroup(s) wait for both tiles of a step, issue an asynchronous wgmma
-  (weights as the left operand, the x tile transposed in place as the right one: "swap
-  AB", so the output tile is [BN rows, BM tokens]) and free the step before last.
+- an x loader warp brings x tiles [BM tokens, BK] into the tile ring by TMA;
+- a weight loader warp brings each step's packed words [BN, BK / 8] (int32) into a weight
+  ring, and every G steps their block scales [BN, G * BK / 32] (int16 pairs: a TMA box
+  needs 16-byte rows) into a scale ring, by TMA;
+- DECODERS decode partitions of BN / 32 warps (one weight row per thread) take turns on
+  the steps: decode with the inline-PTX decode of the other kernels, store the bf16/fp16
+  tile [BN rows, BK] into the tile ring, swizzled the way wgmma reads it;
+- one MMA warpgroup waits for both tiles of a step, issues an asynchronous wgmma (weights
+  as the left operand, the x tile transposed in place as the right one: "swap AB", so the
+  accumulator is [BN rows, BM tokens]) and frees the slot of the step before;
+- the epilogue leaves by TMA through a (by then free) x slot; split K, where the tiles
+  alone would leave SMs idle, sums the partials in a fixed order (deterministic).
 
-One `ready` mbarrier per ring slot completes when the decoders have arrived and the TMA
-bytes have landed; one `empty` barrier per slot is arrived by the MMA side when the wgmma
-reading the slot has finished. The decoders hand the weights over in natural K order
-(`_PAIR_ASM`: each packed register holds one byte's two weights), so a decoded row is
-stored as plain 16-byte pieces.
+Every ring slot has a `ready` and an `empty` mbarrier. Ordering between proxies: the MMA
+side fences (generic -> async proxy) after seeing a tile ready; the weight loader fences
+before a TMA overwrites a slot the decoders read.
+
+The decoders hand the weights over in natural K order (`_PAIR_ASM`: each packed register
+holds one byte's two weights), so a decoded row is stored as plain 16-byte pieces.
+
+Measured on an H200 (docs/notes/nvfp4-triton.md, session `gluon-gemm`), 8192 x 28672 at
+M = 256: ~172 us against ~172 us for torch's bf16 matmul and ~320 us for the Triton kernel.
+The MMA side alone (decode replaced by zero tiles) runs in 136 us and the decoders alone in
+~77 us; together they stay at ~172 us: ncu shows the tensor pipe at 82% and L1/shared
+throughput at 87% of their peaks, shared memory carrying the x tiles (TMA writes, wgmma
+reads) and the decoded tiles.
 
 Numerics equal linear_kernels' (same exact decoded weights, fp32 accumulation, s2 and the
 power of two in the epilogue).
@@ -333,17 +346,20 @@ def layouts(bm: int, bk: int, mma_warps: int):
 
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
-    """The config for an [m, k] x [n, k]^T product, or None where another kernel runs: 64
-    tokens or fewer (there the weight stream, not the tensor cores, is the cost: at M = 64
-    on 8192 x 28672 this kernel took 133 us against 113 us for linear_kernels'), layers
-    under 2^24 weights (not measured), N not a multiple of 8 (TMA rows of the output), K
-    not a multiple of 256. 64-row tiles with all 256 (or 128) tokens: one wgmma warpgroup
-    per SM and the decode done once per weight; K is split while that leaves SMs idle.
-    From sweeps on an H200, docs/notes/nvfp4-triton.md, session `gluon-gemm`."""
-    if m <= 64 or n * k < 2**24 or n % 8:
+    """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
+    kernel runs instead: fewer than 96 tokens (there the weight stream, not the tensor
+    cores, is the cost; on 8192 x 28672 at M = 65 this kernel took 214 us against 168 us),
+    layers under 2^24 weights (not measured), N not a multiple of 8 (TMA rows of the
+    output), K not a multiple of 256. 64-row tiles with 128 or 256 tokens: one wgmma
+    warpgroup per SM and each weight decoded once per token tile; three decode partitions
+    (173 us against 184 us with two and 203 us with one on 8192 x 28672, M = 256); K split
+    in two or more while the tiles alone would leave half the SMs idle. From sweeps on an
+    H200 (docs/notes/nvfp4-triton.md, session `gluon-gemm`): faster than the Triton kernel
+    at M = 96, 128, 192 and 256 on 8192 x 28672 and 4096 x 4096."""
+    if m < 96 or n * k < 2**24 or n % 8:
         return None
     cfg = dict(BN=64, BM=128 if m <= 128 else 256, BK=64, G=4, STAGES=4, W_STAGES=8,
-               S_STAGES=2, decoders=2, decode_regs=96, SPLIT_K=1)
+               S_STAGES=2, decoders=3, decode_regs=88, SPLIT_K=1)
     if not fits(m, k, cfg):
         return None
     tiles = triton.cdiv(n, cfg["BN"]) * triton.cdiv(m, cfg["BM"])
