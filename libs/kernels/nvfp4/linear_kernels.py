@@ -38,9 +38,11 @@ chain), not the instruction count, bounds it now. M = 64 is ~1.1x
 and M = 256 ~0.55x of torch: there the decode competes with the tensor cores. SmolLM2's
 576-wide layers are launch/latency-bound (5.5 us vs 3.6 us for torch).
 
-`linear` hands at most 8 tokens on layers of at least 2^23 weights to gemv_kernel.py (a
-Gluon `mma.sync` GEMV without that per-step chain: 45.8 us on 8192 x 28672 at M = 1);
-everything else runs here.
+`route` picks the kernel: at most 8 tokens on layers of at least 2^23 weights go to
+gemv_kernel.py (a Gluon `mma.sync` GEMV without that per-step chain: ~45 us on 8192 x
+28672 at M = 1), 96 tokens or more on layers of at least 2^24 weights to gemm_kernel.py (a
+warp-specialized Gluon GEMM whose decode runs beside the wgmmas: ~172 us at M = 256, torch
+~172 us); everything else runs here.
 
 Numerics versus reference.linear: the reference rounds w * s2 to x.dtype for every weight,
 then cuBLAS sums bf16 products in fp32 in its own order. Here the weights are exact, the
