@@ -233,6 +233,26 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool) -> list[str]:
     return rows
 
 
+def _time_gluon(gk, named_cfgs, pick, x, qs, n_fp4, reps, m, n, k):
+    """Time gluon module gk's launch over (name, cfg) pairs, each checked against the
+    reference on the first weight copy; the picked config is marked."""
+    y_ref = reference.linear(x, qs[0][0], qs[0][1], qs[0][2], None).float()
+    out = []
+    for name, cfg in named_cfgs:
+        def call(q, cfg=cfg):
+            o = torch.empty(m, n, device="cuda", dtype=x.dtype)
+            gk.launch(x, q[0], q[1], q[2], None, o, cfg)
+            return o
+
+        o = call(qs[0])
+        rel = ((o.float() - y_ref).norm() / y_ref.norm()).item()
+        t = graph_time_ms([(lambda q=qs[i % n_fp4]: call(q)) for i in range(reps)])
+        name += " (picked)" if cfg == pick else ""
+        out.append(dict(name=name, cfg=cfg, us=t * 1e3, rel_err=rel))
+        print(f"tune [{n}x{k}] M={m}: {name} {t * 1e3:.1f} us rel_err {rel:.1e}", flush=True)
+    return out
+
+
 def tune_gemv(x, qs, n_fp4, reps, m, n, k):
     """Time the Gluon GEMV (gemv_kernel.py) over tile shapes and K splits: the sweep behind
     gemv_kernel.pick_config. Returns [] where it cannot run (more than 8 tokens, K not a
@@ -242,33 +262,19 @@ def tune_gemv(x, qs, n_fp4, reps, m, n, k):
     except ImportError:
         return []
     pick = gk.pick_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-    y_ref = reference.linear(x, qs[0][0], qs[0][1], qs[0][2], None).float()
-    out = []
+    cfgs = []
     for bn, warps in ((128, 8), (64, 4), (128, 4), (256, 8)):
         for split in (1, 2, 4, 8, 16):
             cfg = dict(BN=bn, BM=8, NBYTES=16, SPLIT_K=split, num_warps=warps)
-            if m > 8 or not gk.fits(m, k, cfg) or not 66 <= math.ceil(n / bn) * split <= 1056:
-                continue
-
-            def call(q, cfg=cfg):
-                o = torch.empty(m, n, device="cuda", dtype=x.dtype)
-                gk.launch(x, q[0], q[1], q[2], None, o, cfg)
-
-            o = torch.empty(m, n, device="cuda", dtype=x.dtype)
-            gk.launch(x, qs[0][0], qs[0][1], qs[0][2], None, o, cfg)
-            rel = ((o.float() - y_ref).norm() / y_ref.norm()).item()
-            t = graph_time_ms([(lambda q=qs[i % n_fp4]: call(q)) for i in range(reps)])
-            name = f"gemv-bn{bn}-w{warps}-split{split}" + (" (picked)" if cfg == pick else "")
-            out.append(dict(name=name, cfg=cfg, us=t * 1e3, rel_err=rel))
-            print(f"tune [{n}x{k}] M={m}: {name} {t * 1e3:.1f} us rel_err {rel:.1e}",
-                  flush=True)
-    return out
+            if m <= 8 and gk.fits(m, k, cfg) and 66 <= math.ceil(n / bn) * split <= 1056:
+                cfgs.append((f"gemv-bn{bn}-w{warps}-split{split}", cfg))
+    return _time_gluon(gk, cfgs, pick, x, qs, n_fp4, reps, m, n, k)
 
 
 def tune_gemm(x, qs, n_fp4, reps, m, n, k):
     """Time the warp-specialized Gluon GEMM (gemm_kernel.py) with one to three decode
     partitions and K split once more than picked: the sweep behind gemm_kernel.pick_config.
-    Returns [] where it does not apply (64 tokens or fewer, small layers)."""
+    Returns [] where it does not apply (fewer than 96 tokens, small layers)."""
     try:
         from libs.kernels.nvfp4 import gemm_kernel as gk
     except ImportError:
@@ -276,28 +282,14 @@ def tune_gemm(x, qs, n_fp4, reps, m, n, k):
     pick = gk.pick_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
     if pick is None:
         return []
-    y_ref = reference.linear(x, qs[0][0], qs[0][1], qs[0][2], None).float()
-    out = []
+    cfgs = []
     for decoders in (1, 2, 3):
         for split in (pick["SPLIT_K"], pick["SPLIT_K"] * 2):
             cfg = dict(pick, decoders=decoders, SPLIT_K=split,
                        decode_regs=96 if decoders < 3 else 88)
-            if not gk.fits(m, k, cfg):
-                continue
-
-            def call(q, cfg=cfg):
-                o = torch.empty(m, n, device="cuda", dtype=x.dtype)
-                gk.launch(x, q[0], q[1], q[2], None, o, cfg)
-
-            o = torch.empty(m, n, device="cuda", dtype=x.dtype)
-            gk.launch(x, qs[0][0], qs[0][1], qs[0][2], None, o, cfg)
-            rel = ((o.float() - y_ref).norm() / y_ref.norm()).item()
-            t = graph_time_ms([(lambda q=qs[i % n_fp4]: call(q)) for i in range(reps)])
-            name = f"gemm-dec{decoders}-split{split}" + (" (picked)" if cfg == pick else "")
-            out.append(dict(name=name, cfg=cfg, us=t * 1e3, rel_err=rel))
-            print(f"tune [{n}x{k}] M={m}: {name} {t * 1e3:.1f} us rel_err {rel:.1e}",
-                  flush=True)
-    return out
+            if gk.fits(m, k, cfg):
+                cfgs.append((f"gemm-dec{decoders}-split{split}", cfg))
+    return _time_gluon(gk, cfgs, pick, x, qs, n_fp4, reps, m, n, k)
 
 
 def tune_configs(x, qs, n_fp4, reps, m, n, k):

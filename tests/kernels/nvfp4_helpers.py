@@ -17,3 +17,33 @@ def block_with_anchor(values) -> torch.Tensor:
 
 def codes_of(packed: torch.Tensor) -> list[int]:
     return reference.unpack(packed).flatten().tolist()
+
+
+def cuda_weight(n: int, k: int, dtype: torch.dtype, seed: int, random_scales: bool = False):
+    """(packed, scales, s2) on CUDA for the Gluon kernels' tests: a quantized random weight
+    whose rows span three decades, or (random_scales) every byte pattern of packed and
+    every finite e4m3 scale code."""
+    g = torch.Generator().manual_seed(seed)
+    if random_scales:
+        packed = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
+        codes = torch.randint(0, 0x7F, (n, k // 16), generator=g, dtype=torch.uint8)
+        codes[0, : min(k // 16, 0x7F)] = torch.arange(min(k // 16, 0x7F), dtype=torch.uint8)
+        s2 = torch.tensor(2.0**-20)
+        return packed.cuda(), codes.view(torch.float8_e4m3fn).cuda(), s2.cuda()
+    from libs.kernels import quantize_nvfp4
+
+    w = torch.randn(n, k, generator=g) * 10 ** torch.empty(n, 1).uniform_(-2, 1, generator=g)
+    return quantize_nvfp4(w.to(dtype).cuda())
+
+
+def check_linear_exact(out, x, packed, scales, s2, bias, dtype) -> None:
+    """out within the linear kernels' bound of the exact x @ W.T + bias: a few units of
+    dtype's rounding of the magnitudes summed (as test_linear_matches_reference). NaN (an
+    output never written) fails."""
+    w = reference.dequantize(packed, scales, s2, torch.float32).double()
+    exact = x.double() @ w.T + (bias.double() if bias is not None else 0)
+    mag = x.double().abs() @ w.abs().T + (bias.double().abs() if bias is not None else 0)
+    eps = 2.0**-8 if dtype is torch.bfloat16 else 2.0**-11
+    bound = (eps + x.shape[1] * 2.0**-22) * mag + 1e-30
+    bad = ~((out.double() - exact).abs() <= bound)
+    assert not bad.any(), (int(bad.sum()), bad.nonzero()[:5].tolist())

@@ -5,7 +5,7 @@ every e4m3 scale code. GPU only (marked `gpu`)."""
 import pytest
 import torch
 
-from libs.kernels.nvfp4 import reference
+from .nvfp4_helpers import check_linear_exact, cuda_weight
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
@@ -25,30 +25,6 @@ CONFIGS = [
 ]
 
 
-def _weight(n, k, dtype, seed, random_scales=False):
-    g = torch.Generator().manual_seed(seed)
-    if random_scales:  # every byte pattern of packed, every finite e4m3 scale code
-        packed = torch.randint(0, 256, (n, k // 2), generator=g, dtype=torch.uint8)
-        codes = torch.randint(0, 0x7F, (n, k // 16), generator=g, dtype=torch.uint8)
-        codes[0, : min(k // 16, 0x7F)] = torch.arange(min(k // 16, 0x7F), dtype=torch.uint8)
-        s2 = torch.tensor(2.0**-20)
-        return packed.to(CUDA), codes.view(torch.float8_e4m3fn).to(CUDA), s2.to(CUDA)
-    from libs.kernels import quantize_nvfp4
-
-    w = torch.randn(n, k, generator=g) * 10 ** torch.empty(n, 1).uniform_(-2, 1, generator=g)
-    return quantize_nvfp4(w.to(dtype).to(CUDA))
-
-
-def _check(out, x, packed, scales, s2, bias, dtype):
-    w = reference.dequantize(packed, scales, s2, torch.float32).double()
-    exact = x.double() @ w.T + (bias.double() if bias is not None else 0)
-    mag = x.double().abs() @ w.abs().T + (bias.double().abs() if bias is not None else 0)
-    eps = 2.0**-8 if dtype is torch.bfloat16 else 2.0**-11
-    bound = (eps + x.shape[1] * 2.0**-22) * mag + 1e-30  # as test_linear_matches_reference
-    bad = (out.double() - exact).abs() > bound
-    assert not bad.any(), (int(bad.sum()), bad.nonzero()[:5].tolist())
-
-
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemv_configs_match_exact(cfg, dtype):
@@ -57,29 +33,29 @@ def test_gemv_configs_match_exact(cfg, dtype):
         if not gk.fits(m, k, cfg):
             continue
         ran += 1
-        packed, scales, s2 = _weight(n, k, dtype, seed=n + k)
+        packed, scales, s2 = cuda_weight(n, k, dtype, seed=n + k)
         g = torch.Generator().manual_seed(m)
         x = torch.randn(m, k, generator=g).to(dtype).to(CUDA)
         bias = torch.randn(n, generator=g).to(dtype).to(CUDA) if m % 2 else None
         out = torch.full((m, n), float("nan"), device=CUDA, dtype=dtype)
         gk.launch(x, packed, scales, s2.float(), bias, out, cfg)
-        _check(out, x, packed, scales, s2, bias, dtype)
+        check_linear_exact(out, x, packed, scales, s2, bias, dtype)
     assert ran >= 2, cfg  # every config meets at least two of the shapes
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemv_every_scale_code_and_byte(dtype):
     cfg = CONFIGS[1]
-    packed, scales, s2 = _weight(256, 4096, dtype, seed=3, random_scales=True)
+    packed, scales, s2 = cuda_weight(256, 4096, dtype, seed=3, random_scales=True)
     x = torch.randn(5, 4096, device=CUDA).to(dtype)
     out = torch.empty(5, 256, device=CUDA, dtype=dtype)
     gk.launch(x, packed, scales, s2, None, out, cfg)
-    _check(out, x, packed, scales, s2, None, dtype)
+    check_linear_exact(out, x, packed, scales, s2, None, dtype)
 
 
 def test_gemv_is_deterministic_and_leaves_counters_clean():
     cfg = CONFIGS[1]
-    packed, scales, s2 = _weight(512, 4096, torch.bfloat16, seed=4)
+    packed, scales, s2 = cuda_weight(512, 4096, torch.bfloat16, seed=4)
     x = torch.randn(1, 4096, device=CUDA, dtype=torch.bfloat16)
     outs = []
     for _ in range(3):
@@ -91,13 +67,13 @@ def test_gemv_is_deterministic_and_leaves_counters_clean():
 
 def test_gemv_does_not_write_past_m_or_n():
     cfg = CONFIGS[0]
-    packed, scales, s2 = _weight(100, 2048, torch.bfloat16, seed=5)
+    packed, scales, s2 = cuda_weight(100, 2048, torch.bfloat16, seed=5)
     x = torch.randn(3, 2048, device=CUDA, dtype=torch.bfloat16)
     big = torch.full((8, 128), 7.0, device=CUDA, dtype=torch.bfloat16)
     out = big[:3, :100]  # row stride 128: anything written past n or m shows in big
     gk.launch(x, packed, scales, s2, None, out, cfg)
     assert (big[3:] == 7).all() and (big[:, 100:] == 7).all()
-    _check(out, x, packed, scales, s2, None, torch.bfloat16)
+    check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
 
 
 def test_fits_and_pick_config():
@@ -120,7 +96,7 @@ def test_linear_uses_the_gemv_only_on_views_it_can_read():
     from libs.kernels import nvfp4_linear
 
     n, k = 2048, 4096
-    packed, scales, s2 = _weight(n, k, torch.bfloat16, seed=6)
+    packed, scales, s2 = cuda_weight(n, k, torch.bfloat16, seed=6)
     assert gk.pick_config(1, n, k) is not None and gk.viewable(packed, scales)
     buf = torch.empty(packed.numel() + 2, dtype=torch.uint8, device=CUDA)
     shifted = buf[2:].view(n, k // 2)
@@ -128,4 +104,4 @@ def test_linear_uses_the_gemv_only_on_views_it_can_read():
     assert not gk.viewable(shifted, scales)
     x = torch.randn(1, k, device=CUDA, dtype=torch.bfloat16)
     for p in (packed, shifted):
-        _check(nvfp4_linear(x, p, scales, s2), x, p, scales, s2, None, torch.bfloat16)
+        check_linear_exact(nvfp4_linear(x, p, scales, s2), x, p, scales, s2, None, torch.bfloat16)

@@ -52,7 +52,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gemv_kernel import _SCALE_ASM_BF16, _SCALE_ASM_F16, _halves
+from .gemv_kernel import _halves, _word_scales
 from .linear_kernels import _DECODE, _tile_counters
 
 # PTX: one int32 word of bytes b0..b3 and its block scale (16-bit, pre-multiplied, in both
@@ -94,16 +94,10 @@ def _decode_tile(words, pairs, dtype: gl.constexpr, WL: gl.constexpr):
     BN: gl.constexpr = words.shape[0]
     NW: gl.constexpr = words.shape[1]
     if dtype == gl.bfloat16:
-        scale_asm: gl.constexpr = _SCALE_ASM_BF16
         pair_asm: gl.constexpr = _PAIR_ASM_BF16
     else:
-        scale_asm: gl.constexpr = _SCALE_ASM_F16
         pair_asm: gl.constexpr = _PAIR_ASM_F16
-    sp = gl.inline_asm_elementwise(scale_asm, "=r,h", [pairs], dtype=gl.int32, is_pure=True,
-                                   pack=1)
-    scale = gl.reshape(_halves(sp, dtype), [BN, NW // 2])  # per 16-weight block
-    scale = gl.reshape(gl.join(scale, scale), [BN, NW])  # per word
-    scale = gl.convert_layout(scale, WL, assert_trivial=True)
+    scale = _word_scales(pairs, NW, dtype, WL)
     p0, p1, p2, p3 = gl.inline_asm_elementwise(
         pair_asm, "=r,=r,=r,=r,r,h", [words, scale],
         dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
@@ -276,7 +270,8 @@ def _gemm_kernel(
         mbarrier.init(s_empty.index(s), count=DECODERS)  # each has a step in every slot
     fence_async_shared()
     # Several decode partitions take turns (steps d, d + DECODERS, ...): a few warps
-    # cannot hide the decode's latencies.
+    # cannot hide the decode's latencies. (The partition list must be literal: a Gluon
+    # kernel cannot build a list of functions, hence one branch per count.)
     if DECODERS == 1:
         (acc,) = gl.warp_specialize([
             (_mma_partition, (a_bufs, x_bufs, ready, empty, k_steps, ACC)),
@@ -336,9 +331,9 @@ def _gemm_kernel(
 
 
 @functools.cache  # built once per config, not on every linear call
-def layouts(bm: int, bk: int, mma_warps: int):
-    """(the accumulator, the decoded tile's shared layout)."""
-    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[mma_warps, 1],
+def layouts(bm: int, bk: int):
+    """(the accumulator of the one MMA warpgroup, the decoded tile's shared layout)."""
+    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                     instr_shape=[16, min(bm, 256), 16])
     a_smem = gl.NVMMASharedLayout(swizzle_byte_width=2 * bk if bk <= 64 else 128,
                                   element_bitwidth=16, rank=2)
@@ -388,7 +383,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     n = packed.shape[0]
     bn, bm, bk, g = (cfg[key] for key in ("BN", "BM", "BK", "G"))
     assert fits(m, k, cfg) and bn == bk, (m, k, cfg)
-    acc, a_smem = layouts(bm, bk, 4)
+    acc, a_smem = layouts(bm, bk)
     x_layout = gl.NVMMASharedLayout(swizzle_byte_width=a_smem.swizzle_byte_width,
                                     element_bitwidth=16, rank=2)
     x_desc = TensorDescriptor.from_tensor(x2, [bm, bk], x_layout)

@@ -148,6 +148,22 @@ def _halves(pair, dtype: gl.constexpr):
 
 
 @gluon.jit
+def _word_scales(sp, NW: gl.constexpr, dtype: gl.constexpr, WL: gl.constexpr):
+    """int16 scale pairs [BN, NW / 4] (two blocks' e4m3 bytes) -> each int32 word's block
+    scale [BN, NW] in dtype, pre-multiplied (_SCALE_ASM_*), in the words' layout WL."""
+    BN: gl.constexpr = sp.shape[0]
+    if dtype == gl.bfloat16:
+        scale_asm: gl.constexpr = _SCALE_ASM_BF16
+    else:
+        scale_asm: gl.constexpr = _SCALE_ASM_F16
+    pairs = gl.inline_asm_elementwise(scale_asm, "=r,h", [sp], dtype=gl.int32, is_pure=True,
+                                      pack=1)
+    scale = gl.reshape(_halves(pairs, dtype), [BN, NW // 2])  # per 16-weight block
+    scale = gl.reshape(gl.join(scale, scale), [BN, NW])  # per word
+    return gl.convert_layout(scale, WL, assert_trivial=True)
+
+
+@gluon.jit
 def _mma_step(wd, sp, xt, acc, WL: gl.constexpr, MMA: gl.constexpr):
     """acc += decode(wd, sp) @ xt.T for one K chunk (see the module docstring's layout)."""
     BN: gl.constexpr = wd.shape[0]
@@ -156,16 +172,10 @@ def _mma_step(wd, sp, xt, acc, WL: gl.constexpr, MMA: gl.constexpr):
     Q: gl.constexpr = NW // 4
     dtype: gl.constexpr = xt.dtype
     if dtype == gl.bfloat16:
-        scale_asm: gl.constexpr = _SCALE_ASM_BF16
         word_asm: gl.constexpr = _WORD_ASM_BF16
     else:
-        scale_asm: gl.constexpr = _SCALE_ASM_F16
         word_asm: gl.constexpr = _WORD_ASM_F16
-    pairs = gl.inline_asm_elementwise(scale_asm, "=r,h", [sp], dtype=gl.int32, is_pure=True,
-                                      pack=1)
-    scale = gl.reshape(_halves(pairs, dtype), [BN, NW // 2])  # per block
-    scale = gl.reshape(gl.join(scale, scale), [BN, NW])  # per word
-    scale = gl.convert_layout(scale, WL, assert_trivial=True)
+    scale = _word_scales(sp, NW, dtype, WL)
     p0, p1, p2, p3 = gl.inline_asm_elementwise(
         word_asm, "=r,=r,=r,=r,r,h", [wd, scale],
         dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)

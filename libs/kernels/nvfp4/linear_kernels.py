@@ -410,12 +410,8 @@ def linear(
     if x2.shape[0] and n:
         s2 = s2.to(device=x.device, dtype=torch.float32)
         kernel, cfg = route(x2, packed, scales, out)
-        if kernel == "gemv":
-            _gluon("gemv_kernel").launch(x2, packed, scales, s2, bias, out, cfg)
-        elif kernel == "gemm":
-            _gluon("gemm_kernel").launch(x2, packed, scales, s2, bias, out, cfg)
-        else:
-            launch(x2, packed, scales, s2, bias, out, cfg)
+        run = launch if kernel == "triton" else _gluon(f"{kernel}_kernel").launch
+        run(x2, packed, scales, s2, bias, out, cfg)
     return out.reshape(*x.shape[:-1], n)
 
 
