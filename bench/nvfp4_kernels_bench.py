@@ -272,9 +272,9 @@ def tune_gemv(x, qs, n_fp4, reps, m, n, k):
 
 
 def tune_gemm(x, qs, n_fp4, reps, m, n, k):
-    """Time the warp-specialized Gluon GEMM (gemm_kernel.py) with one to three decode
-    partitions and K split once more than picked: the sweep behind gemm_kernel.pick_config.
-    Returns [] where it does not apply (fewer than 96 tokens, small layers)."""
+    """Time the warp-specialized Gluon GEMM (gemm_kernel.py) with 128- and 256-token tiles
+    and K split in one, two and four: the sweep behind gemm_kernel.pick_config. Returns []
+    where it does not apply (fewer than 96 tokens, small layers)."""
     try:
         from libs.kernels.nvfp4 import gemm_kernel as gk
     except ImportError:
@@ -283,12 +283,11 @@ def tune_gemm(x, qs, n_fp4, reps, m, n, k):
     if pick is None:
         return []
     cfgs = []
-    for decoders in (1, 2, 3):
-        for split in (pick["SPLIT_K"], pick["SPLIT_K"] * 2):
-            cfg = dict(pick, decoders=decoders, SPLIT_K=split,
-                       decode_regs=96 if decoders < 3 else 88)
+    for bm in (128, 256) if m > 128 else (128,):
+        for split in (1, 2, 4):
+            cfg = dict(pick, BM=bm, SPLIT_K=split)
             if gk.fits(m, k, cfg):
-                cfgs.append((f"gemm-dec{decoders}-split{split}", cfg))
+                cfgs.append((f"gemm-bm{bm}-split{split}", cfg))
     return _time_gluon(gk, cfgs, pick, x, qs, n_fp4, reps, m, n, k)
 
 
