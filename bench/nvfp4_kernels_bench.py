@@ -272,9 +272,10 @@ def tune_gemv(x, qs, n_fp4, reps, m, n, k):
 
 
 def tune_gemm(x, qs, n_fp4, reps, m, n, k):
-    """Time the warp-specialized Gluon GEMM (gemm_kernel.py) with 128- and 256-token tiles
-    and K split in one, two and four: the sweep behind gemm_kernel.pick_config. Returns []
-    where it does not apply (fewer than 96 tokens, small layers)."""
+    """Time the warp-specialized Gluon GEMM (gemm_kernel.py) with the picked token tile (and
+    128 and 256 above 128 tokens) and K split in one, two and four: the sweep behind
+    gemm_kernel.pick_config. Returns [] where it does not apply (16 tokens or fewer, small
+    layers)."""
     try:
         from libs.kernels.nvfp4 import gemm_kernel as gk
     except ImportError:
@@ -283,9 +284,9 @@ def tune_gemm(x, qs, n_fp4, reps, m, n, k):
     if pick is None:
         return []
     cfgs = []
-    for bm in (128, 256) if m > 128 else (128,):
+    for bm in sorted({pick["BM"], 128, 256} if m > 128 else {pick["BM"]}):
         for split in (1, 2, 4):
-            cfg = dict(pick, BM=bm, SPLIT_K=split)
+            cfg = dict(pick, BM=bm, SPLIT_K=split, maxnreg=232 if bm > 128 else 128)
             if gk.fits(m, k, cfg):
                 cfgs.append((f"gemm-bm{bm}-split{split}", cfg))
     return _time_gluon(gk, cfgs, pick, x, qs, n_fp4, reps, m, n, k)

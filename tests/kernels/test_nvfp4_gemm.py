@@ -17,12 +17,15 @@ gk = pytest.importorskip("libs.kernels.nvfp4.gemm_kernel")
 from libs.kernels.nvfp4 import linear_kernels as lk  # noqa: E402  (after the skip)
 
 
-def _cfg(bm=256, split=1, stages=4, w_stages=2):
-    return dict(BN=64, BM=bm, BK=64, G=4, STAGES=stages, W_STAGES=w_stages, SPLIT_K=split)
+def _cfg(bm=256, split=1, stages=4, w_stages=2, maxnreg=None, **extra):
+    return dict(BN=64, BM=bm, BK=64, G=4, STAGES=stages, W_STAGES=w_stages, SPLIT_K=split,
+                maxnreg=maxnreg or (232 if bm > 128 else 128), **extra)
 
 
 CONFIGS = [_cfg(), _cfg(bm=128), _cfg(split=2), _cfg(bm=128, split=4), _cfg(w_stages=1),
-           _cfg(w_stages=4), _cfg(stages=3), _cfg(stages=2, w_stages=3), _cfg(bm=64)]
+           _cfg(w_stages=4), _cfg(stages=3), _cfg(stages=2, w_stages=3), _cfg(bm=64),
+           _cfg(bm=32, split=2), _cfg(bm=16), _cfg(bm=128, maxnreg=232),
+           _cfg(bm=128, PAD_X=False), _cfg(bm=32, PAD_X=True)]  # x past M: TMA zeros / a copy
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
@@ -86,7 +89,10 @@ def test_fits_and_pick_config():
     narrow = gk.pick_config(256, 2048, 8192)
     assert (narrow["BM"], narrow["SPLIT_K"]) == (256, 4)  # 32 tiles either way: split K
     assert gk.pick_config(100, 4096, 4096)["BM"] == 128
-    assert gk.pick_config(95, 8192, 28672) is None  # few tokens: the weight stream
+    assert gk.pick_config(17, 4096, 4096)["BM"] == 32
+    long = gk.pick_config(128, 8192, 28672)  # two programs per SM, splits keep 14336 of K
+    assert (long["BM"], long["SPLIT_K"], long["maxnreg"]) == (128, 2, 128)
+    assert gk.pick_config(16, 8192, 28672) is None  # few tokens: the Triton kernel
     assert gk.pick_config(256, 1536, 576) is None  # small layers: linear_kernels
     assert gk.pick_config(256, 4100, 4096) is None  # N not a multiple of 8
 
@@ -106,8 +112,8 @@ def test_linear_routes_to_the_gemm_only_where_it_can():
     out = torch.empty(256, n, device=CUDA, dtype=torch.bfloat16)
     assert lk.route(x, packed, scales, out)[0] == "gemm"
     assert lk.route(shifted, packed, scales, out)[0] == "triton"
-    assert lk.route(x[:95], packed, scales, out[:95])[0] == "triton"
-    assert lk.route(x[:96], packed, scales, out[:96])[0] == "gemm"
+    assert lk.route(x[:16], packed, scales, out[:16])[0] == "triton"
+    assert lk.route(x[:17], packed, scales, out[:17])[0] == "gemm"
     assert lk.route(x[:1], packed, scales, out[:1])[0] == "gemv"
     for xx in (x, shifted):
         check_linear_exact(nvfp4_linear(xx, packed, scales, s2), xx, packed, scales, s2, None,

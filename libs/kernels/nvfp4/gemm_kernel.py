@@ -19,13 +19,17 @@ warp_specialize, 6 warps) they overlap:
 Every ring slot has a `ready` and an `empty` mbarrier; the weight loader fences before a
 TMA overwrites a slot whose words were read by the MMA warpgroup's generic loads.
 
-Measured on an H200 (docs/notes/nvfp4-triton.md, sessions `gluon-gemm` and
-`gemm-registers`), 8192 x 28672 at M = 256: 167-169 us against 165-180 us for torch's bf16
-matmul (which varies that much from run to run) and ~320 us for the Triton kernel. The
-previous design (three warp-specialized decode partitions storing bf16 tiles to shared
-memory for an MMA warpgroup) took 173 us; with the tile never crossing shared memory, the
-x tile (32 KB per step from L2 and read once more by wgmma) is what remains: the MMA side
-alone, decode replaced by nothing, took 136 us.
+Tiles of up to 128 tokens fit in 128 registers a thread, so two programs share an SM and
+one decodes while the other's wgmmas run; 256-token tiles hold a 128-register accumulator
+and run one per SM.
+
+Measured on an H200 (docs/notes/nvfp4-triton.md, session `gemm-registers`), 8192 x 28672:
+M = 256 in 164 us against 165-180 us for torch's bf16 matmul (which varies that much from
+run to run) and ~313 us for the Triton kernel; M = 64 in 76 us against 130 us (torch) and
+112 us (Triton); M = 128 in 105 us against 135 and 173 us. The design before this one
+(three decode partitions storing bf16 tiles to shared memory for an MMA warpgroup) took
+173 us at M = 256. What remains there is mostly the x tile: 32 KB per step from L2, read
+once more by wgmma; that design's MMA side alone, with no decode at all, took 136 us.
 
 Numerics equal linear_kernels' (same exact decoded weights, fp32 accumulation, s2 and the
 power of two in the epilogue).
@@ -301,26 +305,41 @@ def layouts(bm: int, bk: int):
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
-    kernel runs instead: fewer than 96 tokens (there the weight stream, not the tensor
-    cores, is the cost; on 8192 x 28672 at M = 65 the previous design took 214 us against
-    168 us), layers under 2^24 weights (not measured), N not a multiple of 8 (TMA rows of
-    the output), K not a multiple of 256. 64-row tiles with 128 or 256 tokens; 128 where
-    256-token tiles would leave half the SMs idle but 128-token ones do not (4096 x 4096
-    at M = 256: 20.9 us against 23.3 us with K split in two); then K split in two or more
-    while the tiles alone would leave half the SMs idle. From sweeps on an H200
-    (docs/notes/nvfp4-triton.md, sessions `gluon-gemm` and `gemm-registers`)."""
-    if m < 96 or n * k < 2**24 or n % 8:
+    kernel runs instead: at most 16 tokens (the Triton kernel streams the weights faster
+    there: 60 us against 67-70 us on 8192 x 28672), layers under 2^24 weights (not
+    measured), N not a multiple of 8 (TMA rows of the output), K not a multiple of 256.
+
+    64-row tiles; token tiles of the next power of two up to 128 tokens, else 256: one
+    weight decode per token tile, so few and full tiles. Tiles of up to 128 tokens need
+    128 registers a thread, so two programs share an SM and one decodes while the other's
+    wgmmas run; 256-token tiles (a 128-register accumulator) run one per SM. 256-token
+    tiles switch to 128 where they would leave half the SMs idle and 128-token ones not
+    (4096 x 4096 at M = 256: 19.2 us against 22.0 us with K split in two). K is split in
+    two or more while the tiles leave half the SMs idle, and for tiles of up to 128 tokens
+    also up to two programs per SM while each split keeps 8192 of K (the split-K sum
+    costs a few us: 8192 x 28672 at M = 128 takes 102 us split in two against 141 us
+    whole; 4096 x 4096 at M = 256 takes 22.4 us split against 19.6 us whole). From sweeps
+    on an H200 (docs/notes/nvfp4-triton.md, sessions `gluon-gemm` and `gemm-registers`)."""
+    if m <= 16 or n * k < 2**24 or n % 8:
         return None
-    cfg = dict(BN=64, BM=128 if m <= 128 else 256, BK=64, G=4, STAGES=4, W_STAGES=2,
-               SPLIT_K=1)
-    n_tiles = triton.cdiv(n, cfg["BN"])
-    half_idle = 2 * n_tiles * triton.cdiv(m, 256) <= sms
-    if cfg["BM"] == 256 and half_idle and 2 * n_tiles * triton.cdiv(m, 128) > sms:
-        cfg["BM"] = 128
+    bm = 256 if m > 128 else max(16, 1 << (m - 1).bit_length())
+    n_tiles = triton.cdiv(n, 64)
+    if bm == 256 and 2 * n_tiles * triton.cdiv(m, 256) <= sms < 2 * n_tiles * triton.cdiv(m, 128):
+        bm = 128
+    cfg = dict(BN=64, BM=bm, BK=64, G=4, STAGES=4, W_STAGES=2, SPLIT_K=1,
+               maxnreg=128 if bm <= 128 else 232)
     if not fits(m, k, cfg):
         return None
-    tiles = n_tiles * triton.cdiv(m, cfg["BM"])
-    while tiles * cfg["SPLIT_K"] * 2 <= sms and fits(m, k, dict(cfg, SPLIT_K=cfg["SPLIT_K"] * 2)):
+    tiles = n_tiles * triton.cdiv(m, bm)
+
+    def may_split(per_sm: int, min_k: int) -> bool:
+        twice = dict(cfg, SPLIT_K=cfg["SPLIT_K"] * 2)
+        return (tiles * twice["SPLIT_K"] <= per_sm * sms and k // twice["SPLIT_K"] >= min_k
+                and fits(m, k, twice))
+
+    while may_split(1, 0):
+        cfg["SPLIT_K"] *= 2
+    while bm <= 128 and may_split(2, 8192):
         cfg["SPLIT_K"] *= 2
     return cfg
 
@@ -346,6 +365,14 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     bn, bm, bk, g = (cfg[key] for key in ("BN", "BM", "BK", "G"))
     assert fits(m, k, cfg) and bn == bk == 64, (m, k, cfg)
     acc, l3, l3p = layouts(bm, bk)
+    if m % bm and cfg.get("PAD_X", bm >= 128):
+        # Whole token tiles: x boxes reaching past M (TMA fills them with zeros) measured
+        # slow in 128- and 256-token tiles (8192 x 28672: M = 80 162 us unpadded against
+        # 103 us padded, M = 192 242 against 168) but not in smaller ones (M = 17 in 32:
+        # 67 against 72 us). The pad rows' outputs are never stored: they need no values.
+        padded = x2.new_empty(triton.cdiv(m, bm) * bm, k)
+        padded[:m].copy_(x2)
+        x2 = padded
     x_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     x_desc = TensorDescriptor.from_tensor(x2, [bm, bk], x_layout)
     out_desc = TensorDescriptor.from_tensor(out, [bm, bn], x_layout)
@@ -371,6 +398,8 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
         k // (bk * split),
         HAS_BIAS=bias is not None, STAGES=cfg["STAGES"], W_STAGES=cfg["W_STAGES"],
         OUT_LOG2=_DECODE[x2.dtype][1], SPLIT_K=split, ACC=acc, L3=l3, L3P=l3p,
-        num_warps=4, maxnreg=232,  # 6 warps (4 + two loaders), launched as 8: 59.4K
+        # 6 warps (4 + two loaders), launched as 8: 232 registers -> 59.4K, one program
+        # per SM; 128 -> two
+        num_warps=4, maxnreg=cfg.get("maxnreg", 232),
     )
     return out
