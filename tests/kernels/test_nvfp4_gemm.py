@@ -25,7 +25,8 @@ def _cfg(bm=256, split=1, stages=4, w_stages=2, maxnreg=None, **extra):
 CONFIGS = [_cfg(), _cfg(bm=128), _cfg(split=2), _cfg(bm=128, split=4), _cfg(w_stages=1),
            _cfg(w_stages=4), _cfg(stages=3), _cfg(stages=2, w_stages=3), _cfg(bm=64),
            _cfg(bm=32, split=2), _cfg(bm=16), _cfg(bm=128, maxnreg=232),
-           _cfg(bm=128, PAD_X=False), _cfg(bm=32, PAD_X=True)]  # x past M: TMA zeros / a copy
+           _cfg(bm=128, PAD_X=False), _cfg(bm=32, PAD_X=True),  # x past M: TMA zeros / a copy
+           _cfg(X_STEPS=2, stages=3), _cfg(bm=64, split=2, X_STEPS=4, stages=2)]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
@@ -84,6 +85,7 @@ def test_fits_and_pick_config():
     assert not gk.fits(256, 576, _cfg())  # K not whole 256-wide scale slots
     big = gk.pick_config(256, 8192, 28672)
     assert (big["BM"], big["SPLIT_K"]) == (256, 1)  # 128 tiles already fill an H200
+    assert (big.get("X_STEPS"), big["STAGES"]) == (2, 3)  # one program per SM
     square = gk.pick_config(256, 4096, 4096)
     assert (square["BM"], square["SPLIT_K"]) == (128, 1)  # 128-token tiles fill the SMs
     narrow = gk.pick_config(256, 2048, 8192)
@@ -92,6 +94,7 @@ def test_fits_and_pick_config():
     assert gk.pick_config(17, 4096, 4096)["BM"] == 32
     long = gk.pick_config(128, 8192, 28672)  # two programs per SM, splits keep 14336 of K
     assert (long["BM"], long["SPLIT_K"], long["maxnreg"]) == (128, 2, 128)
+    assert long.get("X_STEPS", 1) == 1  # two programs per SM: the smaller x ring
     assert gk.pick_config(16, 8192, 28672) is None  # few tokens: the Triton kernel
     assert gk.pick_config(256, 1536, 576) is None  # small layers: linear_kernels
     assert gk.pick_config(256, 4100, 4096) is None  # N not a multiple of 8

@@ -110,9 +110,10 @@ def _decode_fragment(words, pairs, dtype: gl.constexpr, L3: gl.constexpr, A_L: g
 def _mma_partition(w_ring, s_ring, w_ready, w_empty, x_bufs, ready, empty, k_steps,
                    ACC: gl.constexpr, L3: gl.constexpr, L3P: gl.constexpr):
     """The MMA warpgroup: per step, the weights from the weight slot into A registers, one
-    asynchronous wgmma, at most one left in flight; the x slot of the step before is free
-    once that one is done, the weight slot once its last step is decoded."""
-    S: gl.constexpr = x_bufs.shape[0]
+    asynchronous wgmma, at most one left in flight; an x slot (XG steps) is free once the
+    wgmma of its last step is done, the weight slot once its last step is decoded."""
+    S: gl.constexpr = ready.shape[0]
+    XG: gl.constexpr = x_bufs.shape[0] // S  # steps per x slot
     BM: gl.constexpr = x_bufs.shape[1]
     BK: gl.constexpr = x_bufs.shape[2]
     WS: gl.constexpr = w_ring.shape[0]
@@ -137,11 +138,14 @@ def _mma_partition(w_ring, s_ring, w_ready, w_empty, x_bufs, ready, empty, k_ste
             if j == G - 1:
                 mbarrier.arrive(w_empty.index(wslot), count=1)
             a = _decode_fragment(words, pairs, dtype, L3, A_L)
-            slot = i % S
-            mbarrier.wait(ready.index(slot), (i // S) & 1)
-            acc = warpgroup_mma(a, x_bufs.index(slot).permute((1, 0)), acc, is_async=True)
+            xs = i // XG  # x slot number (G is a multiple of XG: j % XG is i % XG)
+            if j % XG == 0:
+                mbarrier.wait(ready.index(xs % S), (xs // S) & 1)
+            acc = warpgroup_mma(a, x_bufs.index(xs % S * XG + j % XG).permute((1, 0)), acc,
+                                is_async=True)
             acc, a_prev = warpgroup_mma_wait(1, deps=(acc, a_prev))
-            mbarrier.arrive(empty.index((i + S - 1) % S), count=1, pred=i > 0)
+            if j % XG == 0:  # the previous slot's last wgmma is done
+                mbarrier.arrive(empty.index((xs + S - 1) % S), count=1, pred=xs > 0)
             a_prev = a
     return (warpgroup_mma_wait(0, deps=(acc,)),)  # (warp_specialize flattens a tuple)
 
@@ -169,15 +173,18 @@ def _weight_load_partition(w_desc, s_desc, w_ring, s_ring, w_ready, w_empty, off
 
 @gluon.jit
 def _x_load_partition(x_desc, x_bufs, ready, empty, off_m, k_first, k_steps):
-    """x loader warp: x tiles into the x ring by TMA (rows past M arrive as zeros)."""
-    S: gl.constexpr = x_bufs.shape[0]
+    """x loader warp: x tiles into the x ring by TMA, XG steps per slot (rows past M arrive
+    as zeros)."""
+    S: gl.constexpr = ready.shape[0]
+    XG: gl.constexpr = x_bufs.shape[0] // S
     BK: gl.constexpr = x_bufs.shape[2]
-    for i in range(k_steps):
-        slot = i % S
-        mbarrier.wait(empty.index(slot), ((i // S) & 1) ^ 1)
-        mbarrier.expect(ready.index(slot), x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [off_m, (k_first + i) * BK], ready.index(slot),
-                                        x_bufs.index(slot))
+    for xs in range(k_steps // XG):
+        slot = xs % S
+        mbarrier.wait(empty.index(slot), ((xs // S) & 1) ^ 1)
+        mbarrier.expect(ready.index(slot), XG * x_desc.block_type.nbytes)
+        for j in gl.static_range(XG):
+            tma.async_copy_global_to_shared(x_desc, [off_m, (k_first + xs * XG + j) * BK],
+                                            ready.index(slot), x_bufs.index(slot * XG + j))
 
 
 @gluon.jit
@@ -243,7 +250,8 @@ def _split_k_finish(acc, c_smem, out_desc, s2_ptr, bias_ptr, ws_ptr, cnt_ptr, N,
 def _gemm_kernel(
     x_desc, w_desc, s_desc, out_desc, s2_ptr, bias_ptr, ws_ptr, cnt_ptr, N,
     k_steps,  # BK steps per split: K // (BK * SPLIT_K)
-    HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, W_STAGES: gl.constexpr,
+    HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, X_STEPS: gl.constexpr,
+    W_STAGES: gl.constexpr,
     OUT_LOG2: gl.constexpr, SPLIT_K: gl.constexpr,
     ACC: gl.constexpr, L3: gl.constexpr, L3P: gl.constexpr,
 ):
@@ -255,7 +263,9 @@ def _gemm_kernel(
     off_n = gl.program_id(0) * BN
     off_m = gl.program_id(1) * BM
     k_first = gl.program_id(2) * k_steps
-    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES, BM, BK], x_desc.layout)
+    gl.static_assert((G % X_STEPS == 0) & (STAGES >= 2))  # (one slot: the x loader waits on
+    # the MMA warpgroup's release, which comes after its wait for the loader)
+    x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * X_STEPS, BM, BK], x_desc.layout)
     w_ring = gl.allocate_shared_memory(gl.int32, [W_STAGES] + w_desc.block_type.shape,
                                        w_desc.layout)
     s_ring = gl.allocate_shared_memory(gl.int16, [W_STAGES] + s_desc.block_type.shape,
@@ -341,6 +351,12 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
         cfg["SPLIT_K"] *= 2
     while bm <= 128 and may_split(2, 8192):
         cfg["SPLIT_K"] *= 2
+    if bm == 256 or tiles * cfg["SPLIT_K"] <= sms:
+        # One program per SM: x slots of two steps, three of them (half the x barrier
+        # traffic, six steps of x in flight): 159.0 against 162-164 us on 8192 x 28672 at
+        # M = 256, 18.2 against 19.1 us on 4096 x 4096. Two programs per SM could not hold
+        # the larger ring (8192 x 28672 at M = 128: 120 against 102 us).
+        cfg.update(X_STEPS=2, STAGES=3)
     return cfg
 
 
@@ -358,8 +374,9 @@ def viewable(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
-    """out [M, N] = x2 [M, K] @ W.T (+ bias) with cfg = dict(BN, BM, BK, G, STAGES,
-    W_STAGES, SPLIT_K); requires fits() and viewable()."""
+    """out [M, N] = x2 [M, K] @ W.T (+ bias) with cfg = dict(BN, BM, BK, G, STAGES (x
+    slots), W_STAGES, SPLIT_K, and optionally X_STEPS (steps per x slot, default 1),
+    maxnreg (default 232), PAD_X); requires fits() and viewable()."""
     m, k = x2.shape
     n = packed.shape[0]
     bn, bm, bk, g = (cfg[key] for key in ("BN", "BM", "BK", "G"))
@@ -396,7 +413,8 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     _gemm_kernel[grid](
         x_desc, w_desc, s_desc, out_desc, s2, bias if bias is not None else out, ws, cnt, n,
         k // (bk * split),
-        HAS_BIAS=bias is not None, STAGES=cfg["STAGES"], W_STAGES=cfg["W_STAGES"],
+        HAS_BIAS=bias is not None, STAGES=cfg["STAGES"], X_STEPS=cfg.get("X_STEPS", 1),
+        W_STAGES=cfg["W_STAGES"],
         OUT_LOG2=_DECODE[x2.dtype][1], SPLIT_K=split, ACC=acc, L3=l3, L3P=l3p,
         # 6 warps (4 + two loaders), launched as 8: 232 registers -> 59.4K, one program
         # per SM; 128 -> two
