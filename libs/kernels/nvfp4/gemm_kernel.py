@@ -24,9 +24,9 @@ one decodes while the other's wgmmas run; 256-token tiles hold a 128-register ac
 and run one per SM.
 
 Measured on an H200 (docs/notes/nvfp4-triton.md, session `gemm-registers`), 8192 x 28672:
-M = 256 in 164 us against 165-180 us for torch's bf16 matmul (which varies that much from
-run to run) and ~313 us for the Triton kernel; M = 64 in 76 us against 130 us (torch) and
-112 us (Triton); M = 128 in 105 us against 135 and 173 us. The design before this one
+M = 256 in 159 us against 167-177 us for torch's bf16 matmul (which varies that much from
+run to run) and ~313 us for the Triton kernel; M = 64 in 75 us against 128 us (torch) and
+112 us (Triton); M = 128 in 102-105 us against 135 and 173 us. The design before this one
 (three decode partitions storing bf16 tiles to shared memory for an MMA warpgroup) took
 173 us at M = 256. What remains there is mostly the x tile: 32 KB per step from L2, read
 once more by wgmma; that design's MMA side alone, with no decode at all, took 136 us.

@@ -42,8 +42,8 @@ and M = 256 ~0.55x of torch: there the decode competes with the tensor cores. Sm
 gemv_kernel.py (a Gluon `mma.sync` GEMV without that per-step chain: ~45 us on 8192 x
 28672 at M = 1), 17 tokens or more on layers of at least 2^24 weights to gemm_kernel.py (a
 warp-specialized Gluon GEMM whose MMA warpgroup decodes into wgmma's register operand while
-its previous wgmma runs: ~164 us at M = 256, torch 165-180 us; 76 us at M = 64, torch
-130 us); everything else runs here.
+its previous wgmma runs: ~159 us at M = 256, torch 167-177 us; 75 us at M = 64, torch
+128 us); everything else runs here.
 
 Numerics versus reference.linear: the reference rounds w * s2 to x.dtype for every weight,
 then cuBLAS sums bf16 products in fp32 in its own order. Here the weights are exact, the
