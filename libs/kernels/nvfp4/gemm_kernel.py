@@ -5,7 +5,8 @@ at about half of torch's bf16 matmul there: Triton 3.6 can only issue a wgmma wh
 register operand it then waits for, so decode and MMA take turns. Here (Gluon's
 warp_specialize, 6 warps) they overlap:
 
-- an x loader warp brings x tiles [BM tokens, BK] into the x ring by TMA;
+- an x loader warp brings x tiles [BM tokens, BK] into the x ring by TMA, one or two steps
+  per slot (two halve the barrier traffic where the ring can be that deep);
 - a weight loader warp brings G steps of packed words [BN, G * BK / 8] (int32) and their
   block scales [BN, G * BK / 32] (int16 pairs) into one weight slot by TMA;
 - one MMA warpgroup decodes each step's 64 x 64 weights straight into registers laid out
