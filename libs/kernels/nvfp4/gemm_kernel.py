@@ -252,8 +252,7 @@ def _gemm_kernel(
     x_desc, w_desc, s_desc, out_desc, s2_ptr, bias_ptr, ws_ptr, cnt_ptr, N,
     k_steps,  # BK steps per split: K // (BK * SPLIT_K)
     HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, X_STEPS: gl.constexpr,
-    W_STAGES: gl.constexpr,
-    OUT_LOG2: gl.constexpr, SPLIT_K: gl.constexpr,
+    W_STAGES: gl.constexpr, OUT_LOG2: gl.constexpr, SPLIT_K: gl.constexpr,
     ACC: gl.constexpr, L3: gl.constexpr, L3P: gl.constexpr,
 ):
     BM: gl.constexpr = x_desc.block_type.shape[0]
@@ -261,11 +260,13 @@ def _gemm_kernel(
     BN: gl.constexpr = w_desc.block_type.shape[0]
     G: gl.constexpr = w_desc.block_type.shape[1] // (BK // 8)  # steps per weight slot
     gl.static_assert(BN == BK)  # the epilogue reuses an x slot for the output tile
+    gl.static_assert(G % X_STEPS == 0)  # x slots never straddle weight slots
+    # With one x slot the loader would wait for its release, which the MMA warpgroup
+    # gives only after waiting for the loader's next fill.
+    gl.static_assert(STAGES >= 2)
     off_n = gl.program_id(0) * BN
     off_m = gl.program_id(1) * BM
     k_first = gl.program_id(2) * k_steps
-    gl.static_assert((G % X_STEPS == 0) & (STAGES >= 2))  # (one slot: the x loader waits on
-    # the MMA warpgroup's release, which comes after its wait for the loader)
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * X_STEPS, BM, BK], x_desc.layout)
     w_ring = gl.allocate_shared_memory(gl.int32, [W_STAGES] + w_desc.block_type.shape,
                                        w_desc.layout)
