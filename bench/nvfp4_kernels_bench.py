@@ -294,9 +294,9 @@ def tune_gemm(x, qs, n_fp4, reps, m, n, k):
 
 def tune_configs(x, qs, n_fp4, reps, m, n, k):
     """Time a few alternative configs and both decodes (a modest, offline autotune), and
-    the Gluon GEMV's configs where it applies."""
-    gemv = tune_gemv(x, qs, n_fp4, reps, m, n, k) if m <= 8 else tune_gemm(x, qs, n_fp4,
-                                                                         reps, m, n, k)
+    the Gluon GEMV's or GEMM's configs where they apply."""
+    gluon = tune_gemv(x, qs, n_fp4, reps, m, n, k) if m <= 8 else tune_gemm(x, qs, n_fp4,
+                                                                          reps, m, n, k)
     base = lk.pick_config(m, n, k)
     variants = [dict(base, name="triton-picked")]
     if n * k < 4096 * 4096:  # launch-bound shapes: only fewer programs / less reduction
@@ -343,7 +343,7 @@ def tune_configs(x, qs, n_fp4, reps, m, n, k):
                       f"rel_err {rel:.1e}", flush=True)
             except Exception as e:  # a config that does not compile or fit is skipped
                 out.append(dict(name=v["name"], asm=asm, cfg=cfg, error=repr(e)[:200]))
-    return gemv + out
+    return gluon + out
 
 
 def _load_module(name: str, path: str):

@@ -36,6 +36,24 @@ def cuda_weight(n: int, k: int, dtype: torch.dtype, seed: int, random_scales: bo
     return quantize_nvfp4(w.to(dtype).cuda())
 
 
+def count_exact_on_shapes(kernel, cfg, shapes, dtype) -> int:
+    """Run Gluon module `kernel`'s launch with cfg on each (n, k, m) it fits, bias on odd m,
+    outputs starting as NaN, each checked against the exact product; how many ran."""
+    ran = 0
+    for n, k, m in shapes:
+        if not kernel.fits(m, k, cfg):
+            continue
+        ran += 1
+        packed, scales, s2 = cuda_weight(n, k, dtype, seed=n + k)
+        g = torch.Generator().manual_seed(m)
+        x = torch.randn(m, k, generator=g).to(dtype).cuda()
+        bias = torch.randn(n, generator=g).to(dtype).cuda() if m % 2 else None
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+        kernel.launch(x, packed, scales, s2.float(), bias, out, cfg)
+        check_linear_exact(out, x, packed, scales, s2, bias, dtype)
+    return ran
+
+
 def check_linear_exact(out, x, packed, scales, s2, bias, dtype) -> None:
     """out within the linear kernels' bound of the exact x @ W.T + bias: a few units of
     dtype's rounding of the magnitudes summed (as test_linear_matches_reference). NaN (an

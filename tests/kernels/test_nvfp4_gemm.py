@@ -6,7 +6,7 @@ nvfp4_linear's routing to it. GPU only (marked `gpu`)."""
 import pytest
 import torch
 
-from .nvfp4_helpers import check_linear_exact, cuda_weight
+from .nvfp4_helpers import check_linear_exact, count_exact_on_shapes, cuda_weight
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
@@ -32,19 +32,9 @@ CONFIGS = [_cfg(), _cfg(bm=128), _cfg(split=2), _cfg(bm=128, split=4), _cfg(w_st
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemm_configs_match_exact(cfg, dtype):
-    ran = 0
-    for n, k, m in ((256, 1024, 100), (200, 2048, 256), (64, 4096, 300), (1000, 768, 129),
-                    (136, 2048, 17)):
-        if not gk.fits(m, k, cfg):
-            continue
-        ran += 1
-        packed, scales, s2 = cuda_weight(n, k, dtype, seed=n + k)
-        g = torch.Generator().manual_seed(m)
-        x = torch.randn(m, k, generator=g).to(dtype).to(CUDA)
-        bias = torch.randn(n, generator=g).to(dtype).to(CUDA) if m % 2 else None
-        out = torch.full((m, n), float("nan"), device=CUDA, dtype=dtype)
-        gk.launch(x, packed, scales, s2.float(), bias, out, cfg)
-        check_linear_exact(out, x, packed, scales, s2, bias, dtype)
+    shapes = ((256, 1024, 100), (200, 2048, 256), (64, 4096, 300), (1000, 768, 129),
+              (136, 2048, 17))
+    ran = count_exact_on_shapes(gk, cfg, shapes, dtype)
     assert ran >= 3, cfg  # every config meets at least three of the shapes
 
 

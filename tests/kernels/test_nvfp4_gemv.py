@@ -5,7 +5,7 @@ every e4m3 scale code. GPU only (marked `gpu`)."""
 import pytest
 import torch
 
-from .nvfp4_helpers import check_linear_exact, cuda_weight
+from .nvfp4_helpers import check_linear_exact, count_exact_on_shapes, cuda_weight
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
@@ -28,18 +28,8 @@ CONFIGS = [
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemv_configs_match_exact(cfg, dtype):
-    ran = 0
-    for n, k, m in ((384, 2048, 1), (200, 4096, 3), (1000, 2048, cfg["BM"]), (64, 8192, 2)):
-        if not gk.fits(m, k, cfg):
-            continue
-        ran += 1
-        packed, scales, s2 = cuda_weight(n, k, dtype, seed=n + k)
-        g = torch.Generator().manual_seed(m)
-        x = torch.randn(m, k, generator=g).to(dtype).to(CUDA)
-        bias = torch.randn(n, generator=g).to(dtype).to(CUDA) if m % 2 else None
-        out = torch.full((m, n), float("nan"), device=CUDA, dtype=dtype)
-        gk.launch(x, packed, scales, s2.float(), bias, out, cfg)
-        check_linear_exact(out, x, packed, scales, s2, bias, dtype)
+    shapes = ((384, 2048, 1), (200, 4096, 3), (1000, 2048, cfg["BM"]), (64, 8192, 2))
+    ran = count_exact_on_shapes(gk, cfg, shapes, dtype)
     assert ran >= 2, cfg  # every config meets at least two of the shapes
 
 

@@ -51,8 +51,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gemv_kernel import _SCALE_ASM_BF16, _SCALE_ASM_F16, _halves
-from .linear_kernels import _DECODE, _tile_counters
+from .gemv_kernel import _halves, _word_scales
+from .linear_kernels import _DECODE, DECODE_BITS_BF16, DECODE_BITS_F16, _tile_counters
 
 # PTX: one int32 word (bytes b0..b3), this thread's byte selector ($2 = 0xC480 + 0x1111 t
 # picks byte t) and its 16-bit block scale -> byte t's two weights (low nibble, high
@@ -70,8 +70,8 @@ and.b32 p, p, {mask};
 mul.rn.{ty}x2 $0, p, s;
 }}
 """
-_BYTE_ASM_BF16 = gl.constexpr(_BYTE_ASM.format(sh=2, mask="0x81C081C0", ty="bf16"))
-_BYTE_ASM_F16 = gl.constexpr(_BYTE_ASM.format(sh=5, mask="0x8E008E00", ty="f16"))
+_BYTE_ASM_BF16 = gl.constexpr(_BYTE_ASM.format(**DECODE_BITS_BF16))
+_BYTE_ASM_F16 = gl.constexpr(_BYTE_ASM.format(**DECODE_BITS_F16))
 
 
 @gluon.jit
@@ -86,19 +86,12 @@ def _decode_fragment(words, pairs, dtype: gl.constexpr, L3: gl.constexpr, A_L: g
     last convert_layout is checked to be free at compile time)."""
     BN: gl.constexpr = words.shape[0]
     NW: gl.constexpr = words.shape[1]
-    NP: gl.constexpr = pairs.shape[1]
     if dtype == gl.bfloat16:
-        scale_asm: gl.constexpr = _SCALE_ASM_BF16
         byte_asm: gl.constexpr = _BYTE_ASM_BF16
     else:
-        scale_asm: gl.constexpr = _SCALE_ASM_F16
         byte_asm: gl.constexpr = _BYTE_ASM_F16
     t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]
-    sc = gl.inline_asm_elementwise(scale_asm, "=r,h", [pairs], dtype=gl.int32, is_pure=True,
-                                   pack=1)
-    sc = gl.reshape(_halves(sc, dtype), [BN, 2 * NP])  # per 16-weight block
-    sc = gl.reshape(gl.join(sc, sc), [BN, NW])  # per word (two words per block)
-    sc = gl.convert_layout(sc, gl.SliceLayout(1, L3), assert_trivial=True)
+    sc = _word_scales(pairs, NW, dtype, gl.SliceLayout(1, L3))
     sc3, t3 = gl.broadcast(gl.expand_dims(sc.to(gl.int16, bitcast=True), 1), t)
     w3, _ = gl.broadcast(gl.expand_dims(words, 1), t)
     p = gl.inline_asm_elementwise(byte_asm, "=r,r,r,h", [w3, 0xC480 + 0x1111 * t3, sc3],
@@ -305,7 +298,7 @@ def layouts(bm: int, bk: int):
     the same for all four), rows placed as in wgmma's A fragment: g and g + 8 of each
     warp's 16)."""
     acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                    instr_shape=[16, min(bm, 256), 16])
+                                    instr_shape=[16, bm, 16])
 
     def quads(n):
         return gl.DistributedLinearLayout(

@@ -46,7 +46,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .linear_kernels import _DECODE, _tile_counters
+from .linear_kernels import _DECODE, DECODE_BITS_BF16, DECODE_BITS_F16, _tile_counters
 
 
 def _log2(v: int) -> int:
@@ -135,8 +135,8 @@ and.b32 p, p, {mask};
 mul.rn.{ty}x2 $3, p, s;
 }}
 """
-_WORD_ASM_BF16 = gl.constexpr(_WORD_ASM.format(sh=2, mask="0x81C081C0", ty="bf16"))
-_WORD_ASM_F16 = gl.constexpr(_WORD_ASM.format(sh=5, mask="0x8E008E00", ty="f16"))
+_WORD_ASM_BF16 = gl.constexpr(_WORD_ASM.format(**DECODE_BITS_BF16))
+_WORD_ASM_F16 = gl.constexpr(_WORD_ASM.format(**DECODE_BITS_F16))
 
 
 @gluon.jit

@@ -98,8 +98,12 @@ and.b32 p, p, {mask};
 mul.rn.{ty}x2 $3, p, $6;
 }}
 """
-_ASM_BF16 = tl.constexpr(_ASM.format(sh=2, mask="0x81C081C0", ty="bf16"))
-_ASM_F16 = tl.constexpr(_ASM.format(sh=5, mask="0x8E008E00", ty="f16"))
+# Where a nibble's bits land in each 16-bit type after the shift, and the mask that keeps
+# sign, exponent and mantissa bits: shared by every decode here and in the Gluon kernels.
+DECODE_BITS_BF16 = dict(sh=2, mask="0x81C081C0", ty="bf16")
+DECODE_BITS_F16 = dict(sh=5, mask="0x8E008E00", ty="f16")
+_ASM_BF16 = tl.constexpr(_ASM.format(**DECODE_BITS_BF16))
+_ASM_F16 = tl.constexpr(_ASM.format(**DECODE_BITS_F16))
 
 
 @triton.jit
