@@ -1,7 +1,7 @@
 """The warp-specialized Gluon GEMM (libs/kernels/nvfp4/gemm_kernel.py) on CUDA: its configs
 against the exact product (ragged M and N, bias, fp16, split K in two and in four, ring
-depths), every e4m3 scale code and byte, determinism, no writes outside the output, and
-nvfp4_linear's routing to it. GPU only (marked `gpu`)."""
+depths, steps read ahead), every e4m3 scale code and byte, determinism, no writes outside
+the output, and nvfp4_linear's routing to it. GPU only (marked `gpu`)."""
 
 import pytest
 import torch
@@ -26,7 +26,10 @@ CONFIGS = [_cfg(), _cfg(bm=128), _cfg(split=2), _cfg(bm=128, split=4), _cfg(w_st
            _cfg(w_stages=4), _cfg(stages=3), _cfg(stages=2, w_stages=3), _cfg(bm=64),
            _cfg(bm=32, split=2), _cfg(bm=16), _cfg(bm=128, maxnreg=232),
            _cfg(bm=128, PAD_X=False), _cfg(bm=32, PAD_X=True),  # x past M: TMA zeros / a copy
-           _cfg(X_STEPS=2, stages=3), _cfg(bm=64, split=2, X_STEPS=4, stages=2)]
+           _cfg(X_STEPS=2, stages=3), _cfg(bm=64, split=2, X_STEPS=4, stages=2),
+           # each step read ahead, scale conversions shared across the quad
+           _cfg(X_STEPS=2, stages=3, LOOKAHEAD=True), _cfg(bm=128, split=2, LOOKAHEAD=True),
+           _cfg(bm=16, w_stages=1, LOOKAHEAD=True)]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
@@ -38,12 +41,13 @@ def test_gemm_configs_match_exact(cfg, dtype):
     assert ran >= 3, cfg  # every config meets at least three of the shapes
 
 
+@pytest.mark.parametrize("lookahead", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gemm_every_scale_code_and_byte(dtype):
+def test_gemm_every_scale_code_and_byte(dtype, lookahead):
     packed, scales, s2 = cuda_weight(256, 4096, dtype, seed=3, random_scales=True)
     x = torch.randn(130, 4096, device=CUDA).to(dtype)
     out = torch.full((130, 256), float("nan"), device=CUDA, dtype=dtype)
-    gk.launch(x, packed, scales, s2, None, out, _cfg(split=2))
+    gk.launch(x, packed, scales, s2, None, out, _cfg(split=2, LOOKAHEAD=lookahead))
     check_linear_exact(out, x, packed, scales, s2, None, dtype)
 
 
@@ -75,9 +79,10 @@ def test_fits_and_pick_config():
     assert not gk.fits(256, 576, _cfg())  # K not whole 256-wide scale slots
     big = gk.pick_config(256, 8192, 28672)
     assert (big["BM"], big["SPLIT_K"]) == (256, 1)  # 128 tiles already fill an H200
-    assert (big.get("X_STEPS"), big["STAGES"]) == (2, 3)  # one program per SM
+    assert (big.get("X_STEPS"), big["STAGES"], big.get("LOOKAHEAD")) == (2, 3, True)  # one per SM
     square = gk.pick_config(256, 4096, 4096)
     assert (square["BM"], square["SPLIT_K"]) == (128, 1)  # 128-token tiles fill the SMs
+    assert square.get("LOOKAHEAD")
     narrow = gk.pick_config(256, 2048, 8192)
     assert (narrow["BM"], narrow["SPLIT_K"]) == (256, 4)  # 32 tiles either way: split K
     assert gk.pick_config(100, 4096, 4096)["BM"] == 128
@@ -85,6 +90,7 @@ def test_fits_and_pick_config():
     long = gk.pick_config(128, 8192, 28672)  # two programs per SM, splits keep 14336 of K
     assert (long["BM"], long["SPLIT_K"], long["maxnreg"]) == (128, 2, 128)
     assert long.get("X_STEPS", 1) == 1  # two programs per SM: the smaller x ring
+    assert not long.get("LOOKAHEAD")  # and no read-ahead
     assert gk.pick_config(16, 8192, 28672) is None  # few tokens: the Triton kernel
     assert gk.pick_config(256, 1536, 576) is None  # small layers: linear_kernels
     assert gk.pick_config(256, 4100, 4096) is None  # N not a multiple of 8

@@ -36,8 +36,6 @@ Numerics equal linear_kernels' (same exact decoded weights, fp32 accumulation, s
 power of two in the epilogue).
 """
 
-import functools
-
 import torch
 import triton
 from triton.experimental import gluon
@@ -51,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gemv_kernel import _halves, _word_scales
+from .gemv_kernel import _SCALE_ASM_BF16, _SCALE_ASM_F16, _halves, _word_scales
 from .linear_kernels import _DECODE, DECODE_BITS_BF16, DECODE_BITS_F16, _tile_counters
 
 # PTX: one int32 word (bytes b0..b3), this thread's byte selector ($2 = 0xC480 + 0x1111 t
@@ -74,12 +72,75 @@ _BYTE_ASM_BF16 = gl.constexpr(_BYTE_ASM.format(**DECODE_BITS_BF16))
 _BYTE_ASM_F16 = gl.constexpr(_BYTE_ASM.format(**DECODE_BITS_F16))
 
 
+# PTX: a quad's four 16-bit scale pairs, packed two to a register in $4 and $5 (the same
+# in all four threads) -> all four converted ($0..$3): thread t converts pair t (prmt's
+# selector 0x10 + 0x22 t picks its two bytes) with gemv_kernel's _SCALE_ASM_* arithmetic
+# and reads the others' results by shuffle.
+_SHARE_ASM = """
+{{
+.reg .b32 lane, t, base, src, sel, w, v;
+.reg .b16 own;
+mov.u32 lane, %laneid;
+and.b32 t, lane, 3;
+sub.u32 base, lane, t;
+mad.lo.u32 sel, t, 0x22, 0x10;
+prmt.b32 w, $4, $5, sel;
+cvt.u16.u32 own, w;
+{convert}
+shfl.sync.idx.b32 $0, v, base, 0x1f, 0xffffffff;
+add.u32 src, base, 1;
+shfl.sync.idx.b32 $1, v, src, 0x1f, 0xffffffff;
+add.u32 src, base, 2;
+shfl.sync.idx.b32 $2, v, src, 0x1f, 0xffffffff;
+add.u32 src, base, 3;
+shfl.sync.idx.b32 $3, v, src, 0x1f, 0xffffffff;
+}}
+"""
+
+
+def _share(scale_asm: gl.constexpr) -> gl.constexpr:
+    """_SHARE_ASM around one of gemv_kernel's conversions ($1 -> $0 there)."""
+    return gl.constexpr(_SHARE_ASM.format(
+        convert=scale_asm.value.replace("$1", "own").replace("$0", "v")))
+
+
+_SHARE_ASM_BF16 = _share(_SCALE_ASM_BF16)
+_SHARE_ASM_F16 = _share(_SCALE_ASM_F16)
+
+
 @gluon.jit
-def _decode_fragment(words, pairs, dtype: gl.constexpr, L3: gl.constexpr, A_L: gl.constexpr):
+def _read_step(w_slot, s_slot, j: gl.constexpr, dtype: gl.constexpr, SHARE: gl.constexpr,
+               L3: gl.constexpr, L3P: gl.constexpr):
+    """Step j of a weight slot: its words [BN, NW] and each word's block scale [BN, NW] in
+    dtype, pre-multiplied, both in the words' layout (a slice of L3).
+
+    The four threads of a quad hold the same two rows' four scale pairs. With SHARE each
+    converts one (six instructions a pair in bf16) and warp shuffles hand the results
+    round; without, each converts all four (gemv_kernel._word_scales), which measured
+    faster where two programs share an SM and the shuffles compete."""
+    NW: gl.constexpr = L3.shape[2]
+    NP: gl.constexpr = L3P.shape[2]
+    words = w_slot.slice(j * NW, NW, dim=1).load(gl.SliceLayout(1, L3))
+    pairs = s_slot.slice(j * NP, NP, dim=1).load(gl.SliceLayout(1, L3P))
+    if not SHARE:
+        return words, _word_scales(pairs, NW, dtype, gl.SliceLayout(1, L3))
+    if dtype == gl.bfloat16:
+        share_asm: gl.constexpr = _SHARE_ASM_BF16
+    else:
+        share_asm: gl.constexpr = _SHARE_ASM_F16
+    conv = gl.inline_asm_elementwise(share_asm, "=r,=r,=r,=r,r,r", [pairs],
+                                     dtype=gl.int32, is_pure=True, pack=4)
+    scale = gl.reshape(_halves(conv, dtype), [words.shape[0], NW // 2])  # per block
+    scale = gl.reshape(gl.join(scale, scale), [words.shape[0], NW])  # per word
+    return words, gl.convert_layout(scale, gl.SliceLayout(1, L3), assert_trivial=True)
+
+
+@gluon.jit
+def _decode_fragment(words, sc, dtype: gl.constexpr, L3: gl.constexpr, A_L: gl.constexpr):
     """One step's weights straight into wgmma's A-operand registers (layout A_L).
 
-    words [BN, NW] int32 and pairs [BN, NW / 4] int16 (two blocks' e4m3 scales) arrive in
-    slices of [BN, 4, ...] layouts whose dim 1 is the quad lane t: every thread of a quad
+    words [BN, NW] int32 and each word's block scale sc [BN, NW] (_read_step) arrive in
+    a slice of a [BN, 4, NW] layout whose dim 1 is the quad lane t: every thread of a quad
     holds its two rows' whole step. Thread t decodes byte t of each word: bytes t and t + 4
     of a 16-weight block are the K pairs (2t, 2t + 1) and (2t + 8, 2t + 9) that wgmma's A
     fragment (like mma.sync's) gives that thread, so nothing moves between threads (the
@@ -91,7 +152,6 @@ def _decode_fragment(words, pairs, dtype: gl.constexpr, L3: gl.constexpr, A_L: g
     else:
         byte_asm: gl.constexpr = _BYTE_ASM_F16
     t = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]
-    sc = _word_scales(pairs, NW, dtype, gl.SliceLayout(1, L3))
     sc3, t3 = gl.broadcast(gl.expand_dims(sc.to(gl.int16, bitcast=True), 1), t)
     w3, _ = gl.broadcast(gl.expand_dims(words, 1), t)
     p = gl.inline_asm_elementwise(byte_asm, "=r,r,r,h", [w3, 0xC480 + 0x1111 * t3, sc3],
@@ -102,19 +162,29 @@ def _decode_fragment(words, pairs, dtype: gl.constexpr, L3: gl.constexpr, A_L: g
 
 @gluon.jit
 def _mma_partition(w_ring, s_ring, w_ready, w_empty, x_bufs, ready, empty, k_steps,
-                   ACC: gl.constexpr, L3: gl.constexpr, L3P: gl.constexpr):
+                   LOOKAHEAD: gl.constexpr):
     """The MMA warpgroup: per step, the weights from the weight slot into A registers, one
     asynchronous wgmma, at most one left in flight; an x slot (XG steps) is free once the
-    wgmma of its last step is done, the weight slot once its last step is decoded."""
+    wgmma of its last step is done, the weight slot once its last step is read.
+
+    With LOOKAHEAD (one program per SM) each step's words and scales are read from shared
+    memory, and the scales converted, before the previous step's decode, which then hides
+    their latency; the quad shares the scale conversions (_read_step). 4096 x 4096 at
+    M = 256: 17.3 against 18.2 us with neither. (Reading a slot's first step before the
+    previous slot's last made the wait for the slot hold up that step's wgmma instead of
+    running beside it: 18.3 us.) Where two programs share an SM, the other program hides
+    that latency and both cost more than they bring (8192 x 28672 at M = 64: 78.0 against
+    74.6 us)."""
     S: gl.constexpr = ready.shape[0]
     XG: gl.constexpr = x_bufs.shape[0] // S  # steps per x slot
     BM: gl.constexpr = x_bufs.shape[1]
     BK: gl.constexpr = x_bufs.shape[2]
-    WS: gl.constexpr = w_ring.shape[0]
     BN: gl.constexpr = w_ring.shape[1]
-    NW: gl.constexpr = BK // 8  # int32 words per row and step
-    NP: gl.constexpr = BK // 32  # int16 scale pairs per row and step
-    G: gl.constexpr = w_ring.shape[2] // NW  # steps per weight slot
+    WS: gl.constexpr = w_ring.shape[0]
+    G: gl.constexpr = w_ring.shape[2] // (BK // 8)  # steps per weight slot
+    ACC: gl.constexpr = _acc_layout(BM)
+    L3: gl.constexpr = _quads(BK // 8)  # words
+    L3P: gl.constexpr = _quads(BK // 32)  # scale pairs
     A_L: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
     dtype: gl.constexpr = x_bufs.dtype
     acc = gl.zeros([BN, BM], gl.float32, ACC)
@@ -125,13 +195,20 @@ def _mma_partition(w_ring, s_ring, w_ready, w_empty, x_bufs, ready, empty, k_ste
     for g in range(k_steps // G):
         wslot = g % WS
         mbarrier.wait(w_ready.index(wslot), (g // WS) & 1)
+        if LOOKAHEAD:
+            words, sc = _read_step(w_ring.index(wslot), s_ring.index(wslot), 0, dtype, True,
+                                   L3, L3P)
         for j in gl.static_range(G):
             i = g * G + j
-            words = w_ring.index(wslot).slice(j * NW, NW, dim=1).load(gl.SliceLayout(1, L3))
-            pairs = s_ring.index(wslot).slice(j * NP, NP, dim=1).load(gl.SliceLayout(1, L3P))
-            if j == G - 1:
+            if not LOOKAHEAD:
+                words, sc = _read_step(w_ring.index(wslot), s_ring.index(wslot), j, dtype,
+                                       False, L3, L3P)
+            elif j + 1 < G:
+                next_words, next_sc = _read_step(w_ring.index(wslot), s_ring.index(wslot),
+                                                 j + 1, dtype, True, L3, L3P)
+            if j == G - 1:  # every step of the slot is read
                 mbarrier.arrive(w_empty.index(wslot), count=1)
-            a = _decode_fragment(words, pairs, dtype, L3, A_L)
+            a = _decode_fragment(words, sc, dtype, L3, A_L)
             xs = i // XG  # x slot number (G is a multiple of XG: j % XG is i % XG)
             if j % XG == 0:
                 mbarrier.wait(ready.index(xs % S), (xs // S) & 1)
@@ -141,6 +218,9 @@ def _mma_partition(w_ring, s_ring, w_ready, w_empty, x_bufs, ready, empty, k_ste
             if j % XG == 0:  # the previous slot's last wgmma is done
                 mbarrier.arrive(empty.index((xs + S - 1) % S), count=1, pred=xs > 0)
             a_prev = a
+            if LOOKAHEAD and j + 1 < G:
+                words = next_words
+                sc = next_sc
     return (warpgroup_mma_wait(0, deps=(acc,)),)  # (warp_specialize flattens a tuple)
 
 
@@ -246,7 +326,7 @@ def _gemm_kernel(
     k_steps,  # BK steps per split: K // (BK * SPLIT_K)
     HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, X_STEPS: gl.constexpr,
     W_STAGES: gl.constexpr, OUT_LOG2: gl.constexpr, SPLIT_K: gl.constexpr,
-    ACC: gl.constexpr, L3: gl.constexpr, L3P: gl.constexpr,
+    LOOKAHEAD: gl.constexpr,
 ):
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -257,6 +337,7 @@ def _gemm_kernel(
     # With one x slot the loader would wait for its release, which the MMA warpgroup
     # gives only after waiting for the loader's next fill.
     gl.static_assert(STAGES >= 2)
+    ACC: gl.constexpr = _acc_layout(BM)
     off_n = gl.program_id(0) * BN
     off_m = gl.program_id(1) * BM
     k_first = gl.program_id(2) * k_steps
@@ -278,7 +359,7 @@ def _gemm_kernel(
     fence_async_shared()
     (acc,) = gl.warp_specialize([
         (_mma_partition, (w_ring, s_ring, w_ready, w_empty, x_bufs, ready, empty, k_steps,
-                          ACC, L3, L3P)),
+                          LOOKAHEAD)),
         (_x_load_partition, (x_desc, x_bufs, ready, empty, off_m, k_first, k_steps)),
         (_weight_load_partition, (w_desc, s_desc, w_ring, s_ring, w_ready, w_empty, off_n,
                                   k_first // G, k_steps // G)),
@@ -291,21 +372,22 @@ def _gemm_kernel(
                         off_n, off_m, HAS_BIAS, OUT_LOG2, SPLIT_K, ACC)
 
 
-@functools.cache  # built once per config, not on every linear call
-def layouts(bm: int, bk: int):
-    """(the accumulator [64 rows, bm tokens] of the MMA warpgroup; its words [64, 4, bk / 8]
-    and scale pairs [64, 4, bk / 32] per step, dim 1 being the quad lane t (the data are
-    the same for all four), rows placed as in wgmma's A fragment: g and g + 8 of each
-    warp's 16)."""
-    acc = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                    instr_shape=[16, bm, 16])
+@gluon.constexpr_function
+def _acc_layout(bm):
+    """An MMA warpgroup's accumulator [64 rows, bm tokens]."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                     instr_shape=[16, bm, 16])
 
-    def quads(n):
-        return gl.DistributedLinearLayout(
-            reg_bases=[[0, 0, 1 << i] for i in range(n.bit_length() - 1)] + [[8, 0, 0]],
-            lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-            warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, n])
-    return acc, quads(bk // 8), quads(bk // 32)
+
+@gluon.constexpr_function
+def _quads(n):
+    """A step's words [64, 4, n] (n = BK / 8) or scale pairs (n = BK / 32) for an MMA
+    warpgroup: dim 1 is the quad lane t (the data are the same for all four), rows placed
+    as in wgmma's A fragment: g and g + 8 of each warp's 16."""
+    return gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1 << i] for i in range(n.bit_length() - 1)] + [[8, 0, 0]],
+        lane_bases=[[0, 1, 0], [0, 2, 0], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]], block_bases=[], shape=[64, 4, n])
 
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
@@ -350,8 +432,9 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
         # One program per SM: x slots of two steps, three of them (half the x barrier
         # traffic, six steps of x in flight): 159.0 against 162-164 us on 8192 x 28672 at
         # M = 256, 18.2 against 19.1 us on 4096 x 4096. Two programs per SM could not hold
-        # the larger ring (8192 x 28672 at M = 128: 120 against 102 us).
-        cfg.update(X_STEPS=2, STAGES=3)
+        # the larger ring (8192 x 28672 at M = 128: 120 against 102 us). And the MMA
+        # warpgroup reads each step ahead (_mma_partition's LOOKAHEAD).
+        cfg.update(X_STEPS=2, STAGES=3, LOOKAHEAD=True)
     return cfg
 
 
@@ -376,7 +459,6 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     n = packed.shape[0]
     bn, bm, bk, g = (cfg[key] for key in ("BN", "BM", "BK", "G"))
     assert fits(m, k, cfg) and bn == bk == 64, (m, k, cfg)
-    acc, l3, l3p = layouts(bm, bk)
     if m % bm and cfg.get("PAD_X", bm >= 128):
         # Whole token tiles: x boxes reaching past M (TMA fills them with zeros) measured
         # slow in 128- and 256-token tiles (8192 x 28672: M = 80 162 us unpadded against
@@ -410,7 +492,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
         k // (bk * split),
         HAS_BIAS=bias is not None, STAGES=cfg["STAGES"], X_STEPS=cfg.get("X_STEPS", 1),
         W_STAGES=cfg["W_STAGES"],
-        OUT_LOG2=_DECODE[x2.dtype][1], SPLIT_K=split, ACC=acc, L3=l3, L3P=l3p,
+        OUT_LOG2=_DECODE[x2.dtype][1], SPLIT_K=split, LOOKAHEAD=cfg.get("LOOKAHEAD", False),
         # 6 warps (4 + two loaders), launched as 8: 232 registers -> 59.4K, one program
         # per SM; 128 -> two
         num_warps=4, maxnreg=cfg.get("maxnreg", 232),
