@@ -29,6 +29,7 @@ CONFIGS = [_cfg(), _cfg(bm=128), _cfg(split=2), _cfg(bm=128, split=4), _cfg(w_st
            _cfg(X_STEPS=2, stages=3), _cfg(bm=64, split=2, X_STEPS=4, stages=2),
            # each step read ahead, scale conversions shared across the quad
            _cfg(X_STEPS=2, stages=3, LOOKAHEAD=True), _cfg(bm=128, split=2, LOOKAHEAD=True),
+           _cfg(bm=128, X_STEPS=2, stages=4, LOOKAHEAD=True),
            _cfg(bm=16, w_stages=1, LOOKAHEAD=True)]
 
 
@@ -82,7 +83,7 @@ def test_fits_and_pick_config():
     assert (big.get("X_STEPS"), big["STAGES"], big.get("LOOKAHEAD")) == (2, 3, True)  # one per SM
     square = gk.pick_config(256, 4096, 4096)
     assert (square["BM"], square["SPLIT_K"]) == (128, 1)  # 128-token tiles fill the SMs
-    assert square.get("LOOKAHEAD")
+    assert (square["STAGES"], square.get("LOOKAHEAD")) == (4, True)  # room for four x slots
     narrow = gk.pick_config(256, 2048, 8192)
     assert (narrow["BM"], narrow["SPLIT_K"]) == (256, 4)  # 32 tiles either way: split K
     assert gk.pick_config(100, 4096, 4096)["BM"] == 128

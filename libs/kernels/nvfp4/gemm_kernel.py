@@ -432,9 +432,10 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
         # One program per SM: x slots of two steps, three of them (half the x barrier
         # traffic, six steps of x in flight): 159.0 against 162-164 us on 8192 x 28672 at
         # M = 256, 18.2 against 19.1 us on 4096 x 4096. Two programs per SM could not hold
-        # the larger ring (8192 x 28672 at M = 128: 120 against 102 us). And the MMA
-        # warpgroup reads each step ahead (_mma_partition's LOOKAHEAD).
-        cfg.update(X_STEPS=2, STAGES=3, LOOKAHEAD=True)
+        # the larger ring (8192 x 28672 at M = 128: 120 against 102 us). Smaller tiles
+        # leave room for a fourth slot (8192 x 8192 at M = 128: 31.7 against 34.7 us). And
+        # the MMA warpgroup reads each step ahead (_mma_partition's LOOKAHEAD).
+        cfg.update(X_STEPS=2, STAGES=3 if bm == 256 else 4, LOOKAHEAD=True)
     return cfg
 
 
