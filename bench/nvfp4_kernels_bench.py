@@ -210,7 +210,7 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool) -> list[str]:
             t_fp4 = graph_time_ms([
                 (lambda q=qs[i % n_fp4], x=x: triton_impl.linear(x, q[0], q[1], q[2], None))
                 for i in range(reps_per_graph)])
-            base_txt = ""
+            base_txt, t_base = "", None
             if BASELINE is not None:
                 t_base = graph_time_ms([
                     (lambda q=qs[i % n_fp4], x=x: BASELINE.linear(x, q[0], q[1], q[2], None))
@@ -222,6 +222,8 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool) -> list[str]:
             entry = dict(shape=label, n=n, k=k, m=m, bf16_us=t_bf16 * 1e3, nvfp4_us=t_fp4 * 1e3,
                          speedup=t_bf16 / t_fp4, nvfp4_weight_gbs=gbs, kernel=kernel, config=cfg,
                          rel_err=rel)
+            if t_base is not None:
+                entry["baseline_us"] = t_base * 1e3
             if tune and m in TUNE_M and (m < 64 or n * k >= 4096 * 4096):
                 entry["tune"] = tune_configs(x, qs, n_fp4, reps_per_graph, m, n, k)
             results["linear"].append(entry)

@@ -14,6 +14,8 @@ warp_specialize, 6 warps) they overlap:
   which is exactly the A fragment's K pairs), issues an asynchronous wgmma against the x
   tile in shared memory ("swap AB": the accumulator is [BN rows, BM tokens]) and decodes
   the next step while it runs. A step's registers stay live until its wgmma is known done.
+  Where it runs alone on its SM it also reads each step a step ahead and shares the scale
+  conversions across each quad (LOOKAHEAD);
 - the output leaves by TMA through a free x slot; split K, where the tiles alone would
   leave SMs idle, sums the partials in a fixed order (deterministic).
 
@@ -24,13 +26,15 @@ Tiles of up to 128 tokens fit in 128 registers a thread, so two programs share a
 one decodes while the other's wgmmas run; 256-token tiles hold a 128-register accumulator
 and run one per SM.
 
-Measured on an H200 (docs/notes/nvfp4-triton.md, session `gemm-registers`), 8192 x 28672:
-M = 256 in 159 us against 167-177 us for torch's bf16 matmul (which varies that much from
-run to run) and ~313 us for the Triton kernel; M = 64 in 75 us against 128 us (torch) and
-112 us (Triton); M = 128 in 102-105 us against 135 and 173 us. The design before this one
-(three decode partitions storing bf16 tiles to shared memory for an MMA warpgroup) took
-173 us at M = 256. What remains there is mostly the x tile: 32 KB per step from L2, read
-once more by wgmma; that design's MMA side alone, with no decode at all, took 136 us.
+Measured on an H200 (docs/notes/nvfp4-triton.md, sessions `gemm-registers` and
+`gemm-lookahead`), 8192 x 28672: M = 256 in 154-155 us against 171-175 us for torch's
+bf16 matmul (which varies that much from run to run) and ~313 us for the Triton kernel;
+M = 64 in 75 us against 128-142 us (torch) and 112 us (Triton); M = 128 in 102 us
+against 127-139 us. 4096 x 4096 at M = 256: 17.1-17.4 us against torch's 17.3-18.2 us.
+There one MMA warp per scheduler issuing the decode (135 instructions a step, ~0.35 a
+cycle) is what bounds a step, not the 256 cycles of its wgmmas nor L2 (31% busy). On the
+large layers what remains is mostly the x tile: 32 KB per step from L2, read once more by
+wgmma; an earlier design's MMA side alone, with no decode at all, took 136 us there.
 
 Numerics equal linear_kernels' (same exact decoded weights, fp32 accumulation, s2 and the
 power of two in the epilogue).
