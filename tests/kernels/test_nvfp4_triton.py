@@ -415,6 +415,8 @@ TUNE_CONFIGS = [
          K_INTERLEAVE=True),
     dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=4, SPLIT_K=4),
     dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=3, SPLIT_K=2),
+    # small layers at more tokens: splits that are no power of two (masked K here)
+    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, SPLIT_K=3),
 ]
 
 
@@ -451,3 +453,20 @@ def test_linear_fp16_large_m_configs(asm, _full_precision_reductions):
     mag = x.double().abs() @ w.abs().T
     bad = (out.double() - exact).abs() > (2.0**-11 + k * 2.0**-22) * mag + 1e-30
     assert not bad.any(), (int(bad.sum()), ((out.double() - exact).abs() / mag)[bad].max().item())
+
+
+def test_small_layers_split_k_into_whole_runs_of_steps():
+    # SmolLM2's layers at more than 16 tokens: 16-token tiles and K split into runs of at
+    # least three 64-wide steps that divide K (576 is nine steps), never past ~4 per SM.
+    from libs.kernels.nvfp4 import linear_kernels as lk
+
+    for n, k in ((576, 576), (192, 576), (1536, 576), (576, 1536)):
+        for m in (17, 64, 256):
+            cfg = lk.pick_config(m, n, k)
+            steps = k // cfg["BLOCK_K"]
+            tiles = -(-n // cfg["BLOCK_N"]) * -(-m // cfg["BLOCK_M"])
+            assert cfg["BLOCK_M"] == 16 and steps % cfg["SPLIT_K"] == 0, (n, k, m, cfg)
+            assert cfg["SPLIT_K"] == 1 or (steps // cfg["SPLIT_K"] >= 3
+                                           and tiles * cfg["SPLIT_K"] <= 4 * 132)
+    assert lk.pick_config(256, 576, 576)["SPLIT_K"] == 3
+    assert lk.pick_config(256, 4096, 4096)["BLOCK_M"] == 128  # large layers unchanged

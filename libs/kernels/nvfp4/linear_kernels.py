@@ -303,7 +303,8 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     inline-PTX decode. Larger M is tensor-core work: 128-row tiles
     on two warpgroups; above M = 64 the plain Triton decode measured faster (Triton
     schedules it better around the MMAs).
-    Small K (SmolLM2's 576) is latency-bound: 64-wide K steps and no split."""
+    Small K (SmolLM2's 576) is latency-bound: 64-wide K steps and no split. Small layers
+    with more tokens (_small_layer_config) keep the 16-token tiles and split K instead."""
     # Long rows: 128-row GEMV tiles measured 59.8 vs 62.4 us (64-row) on 8192 x 28672 at
     # M = 1, but 9.4 vs 9.0 us on 4096 x 4096, which keeps 64-row tiles.
     big = n >= 2048 and k >= 8192
@@ -316,6 +317,8 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
         if big:  # 128 weight rows per warpgroup (two independent MMA chains), ~2 per SM
             cfg["BLOCK_N"] = 128
             per_sm = 2
+    elif n * k < 2**22:
+        return _small_layer_config(m, n, k, sms)
     elif m <= 64:
         cfg = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
                    DECODE_ASM=True)
@@ -338,6 +341,26 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
                and k_steps % (split_k * 2) == 0):
             split_k *= 2
     cfg["SPLIT_K"] = split_k
+    return cfg
+
+
+def _small_layer_config(m: int, n: int, k: int, sms: int) -> dict:
+    """More than 16 tokens on a layer of under 2^22 weights (SmolLM2's): 128 x 128 tiles
+    leave most SMs idle there (576 x 576 at M = 256: 10 programs), so take 16-token tiles
+    of 64 rows and split K into runs of at least three steps, up to about four programs an
+    SM; a split need not be a power of two, only divide the steps (SmolLM2's 576 is nine).
+    From a sweep on an H200 (docs/notes/nvfp4-triton.md, session `gemm-lookahead`): 576 x
+    576 at M = 64 / 256 in 5.0 / 5.9 us against 8.7 / 11.3 us with the large-layer tiles;
+    576 x 1536 (down) at M = 64 / 256 in 5.9 / 8.6-9.0 us against 10.1 / 13.8 us."""
+    cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3,
+               DECODE_ASM=True)
+    while k % cfg["BLOCK_K"] and cfg["BLOCK_K"] > 16:
+        cfg["BLOCK_K"] //= 2
+    tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
+    k_steps = triton.cdiv(k, cfg["BLOCK_K"])
+    cfg["SPLIT_K"] = max(s for s in range(1, k_steps + 1)
+                         if k_steps % s == 0 and (s == 1 or (k_steps // s >= 3
+                                                             and tiles * s <= 4 * sms)))
     return cfg
 
 
