@@ -349,9 +349,9 @@ def _small_layer_config(m: int, n: int, k: int, sms: int) -> dict:
     leave most SMs idle there (576 x 576 at M = 256: 10 programs), so take 16-token tiles
     of 64 rows and split K into runs of at least three steps, up to about four programs an
     SM; a split need not be a power of two, only divide the steps (SmolLM2's 576 is nine).
-    From a sweep on an H200 (docs/notes/nvfp4-triton.md, session `gemm-lookahead`): 576 x
-    576 at M = 64 / 256 in 5.0 / 5.9 us against 8.7 / 11.3 us with the large-layer tiles;
-    576 x 1536 (down) at M = 64 / 256 in 5.9 / 8.6-9.0 us against 10.1 / 13.8 us."""
+    From a sweep on an H200 (docs/notes/nvfp4-triton.md, session `gemm-lookahead`); the
+    bench then gave 576 x 576 at M = 64 / 256 4.9 / 6.1 us against 8.8 / 11.4 us with the
+    large-layer tiles, 576 x 1536 (down) 6.2 / 9.0 against 10.2 / 13.5 us."""
     cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3,
                DECODE_ASM=True)
     while k % cfg["BLOCK_K"] and cfg["BLOCK_K"] > 16:
