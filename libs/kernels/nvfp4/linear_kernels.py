@@ -303,8 +303,8 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     inline-PTX decode. Larger M is tensor-core work: 128-row tiles
     on two warpgroups; above M = 64 the plain Triton decode measured faster (Triton
     schedules it better around the MMAs).
-    Small K (SmolLM2's 576) is latency-bound: 64-wide K steps and no split. Small layers
-    with more tokens (_small_layer_config) keep the 16-token tiles and split K instead."""
+    Small layers (SmolLM2's) are latency-bound: 16-token tiles at any M, and K split into
+    whole runs of steps (_split_small_layer)."""
     # Long rows: 128-row GEMV tiles measured 59.8 vs 62.4 us (64-row) on 8192 x 28672 at
     # M = 1, but 9.4 vs 9.0 us on 4096 x 4096, which keeps 64-row tiles.
     big = n >= 2048 and k >= 8192
@@ -317,8 +317,12 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
         if big:  # 128 weight rows per warpgroup (two independent MMA chains), ~2 per SM
             cfg["BLOCK_N"] = 128
             per_sm = 2
+        if n * k < 2**22:
+            return _split_small_layer(cfg, m, n, k, sms, min_steps=2)
     elif n * k < 2**22:
-        return _small_layer_config(m, n, k, sms)
+        cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3,
+                   DECODE_ASM=True)
+        return _split_small_layer(cfg, m, n, k, sms, min_steps=3)
     elif m <= 64:
         cfg = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
                    DECODE_ASM=True)
@@ -344,22 +348,22 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     return cfg
 
 
-def _small_layer_config(m: int, n: int, k: int, sms: int) -> dict:
-    """More than 16 tokens on a layer of under 2^22 weights (SmolLM2's): 128 x 128 tiles
-    leave most SMs idle there (576 x 576 at M = 256: 10 programs), so take 16-token tiles
-    of 64 rows and split K into runs of at least three steps, up to about four programs an
-    SM; a split need not be a power of two, only divide the steps (SmolLM2's 576 is nine).
-    From a sweep on an H200 (docs/notes/nvfp4-triton.md, session `gemm-lookahead`); the
-    bench then gave 576 x 576 at M = 64 / 256 4.9 / 6.1 us against 8.8 / 11.4 us with the
-    large-layer tiles, 576 x 1536 (down) 6.2 / 9.0 against 10.2 / 13.5 us."""
-    cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3,
-               DECODE_ASM=True)
+def _split_small_layer(cfg: dict, m: int, n: int, k: int, sms: int, min_steps: int) -> dict:
+    """cfg for a layer of under 2^22 weights (SmolLM2's), with K split into the largest
+    number of whole runs of at least min_steps steps that keeps to about four programs an
+    SM. Large-layer tiles leave most SMs idle there (576 x 576 at M = 256: 10 programs of
+    128 x 128), and a split need not be a power of two, only divide the steps (SmolLM2's
+    576 is nine). From sweeps on an H200 (docs/notes/nvfp4-triton.md, session
+    `gemm-lookahead`): more than 16 tokens take 16-token tiles of 64 rows and runs of three
+    steps (576 x 576 at M = 64 / 256: 4.9 / 6.1 us against 8.8 / 11.4 us with the
+    large-layer tiles; 576 x 1536 6.2 / 9.0 against 10.2 / 13.5 us); up to 16 tokens keep
+    their tiles and take runs of two (576 x 576 at M = 1: 4.9 against 5.4 us whole)."""
     while k % cfg["BLOCK_K"] and cfg["BLOCK_K"] > 16:
         cfg["BLOCK_K"] //= 2
     tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
-    k_steps = triton.cdiv(k, cfg["BLOCK_K"])
+    k_steps = k // cfg["BLOCK_K"]
     cfg["SPLIT_K"] = max(s for s in range(1, k_steps + 1)
-                         if k_steps % s == 0 and (s == 1 or (k_steps // s >= 3
+                         if k_steps % s == 0 and (s == 1 or (k_steps // s >= min_steps
                                                              and tiles * s <= 4 * sms)))
     return cfg
 
