@@ -54,6 +54,19 @@ def count_exact_on_shapes(kernel, cfg, shapes, dtype) -> int:
     return ran
 
 
+def repeated_launches(kernel, cfg, n: int, k: int, m: int, times: int = 3) -> list:
+    """`times` outputs of Gluon module `kernel`'s launch with cfg on one bf16 weight and x
+    (seeded), for the determinism tests."""
+    packed, scales, s2 = cuda_weight(n, k, torch.bfloat16, seed=4)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    outs = []
+    for _ in range(times):
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        kernel.launch(x, packed, scales, s2, None, out, cfg)
+        outs.append(out)
+    return outs
+
+
 def check_linear_exact(out, x, packed, scales, s2, bias, dtype) -> None:
     """out within the linear kernels' bound of the exact x @ W.T + bias: a few units of
     dtype's rounding of the magnitudes summed (as test_linear_matches_reference). NaN (an

@@ -6,7 +6,12 @@ the output, and nvfp4_linear's routing to it. GPU only (marked `gpu`)."""
 import pytest
 import torch
 
-from .nvfp4_helpers import check_linear_exact, count_exact_on_shapes, cuda_weight
+from .nvfp4_helpers import (
+    check_linear_exact,
+    count_exact_on_shapes,
+    cuda_weight,
+    repeated_launches,
+)
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
@@ -53,16 +58,9 @@ def test_gemm_every_scale_code_and_byte(dtype, lookahead):
 
 
 def test_gemm_is_deterministic_and_leaves_counters_clean():
-    cfg = _cfg(split=4)
-    packed, scales, s2 = cuda_weight(512, 4096, torch.bfloat16, seed=4)
-    x = torch.randn(256, 4096, device=CUDA, dtype=torch.bfloat16)
-    outs = []
-    for _ in range(3):
-        out = torch.empty(256, 512, device=CUDA, dtype=torch.bfloat16)
-        gk.launch(x, packed, scales, s2, None, out, cfg)
-        outs.append(out)
+    outs = repeated_launches(gk, _cfg(split=4), n=512, k=4096, m=256)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
-    assert not lk._tile_counters(x.device, 16)[:16].any()  # arrivals and published partials
+    assert not lk._tile_counters(outs[0].device, 16)[:16].any()  # arrivals, partials
 
 
 def test_gemm_does_not_write_past_m_or_n():

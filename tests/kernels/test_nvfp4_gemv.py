@@ -5,7 +5,12 @@ every e4m3 scale code. GPU only (marked `gpu`)."""
 import pytest
 import torch
 
-from .nvfp4_helpers import check_linear_exact, count_exact_on_shapes, cuda_weight
+from .nvfp4_helpers import (
+    check_linear_exact,
+    count_exact_on_shapes,
+    cuda_weight,
+    repeated_launches,
+)
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
@@ -44,14 +49,7 @@ def test_gemv_every_scale_code_and_byte(dtype):
 
 
 def test_gemv_is_deterministic_and_leaves_counters_clean():
-    cfg = CONFIGS[1]
-    packed, scales, s2 = cuda_weight(512, 4096, torch.bfloat16, seed=4)
-    x = torch.randn(1, 4096, device=CUDA, dtype=torch.bfloat16)
-    outs = []
-    for _ in range(3):
-        out = torch.empty(1, 512, device=CUDA, dtype=torch.bfloat16)
-        gk.launch(x, packed, scales, s2, None, out, cfg)
-        outs.append(out)
+    outs = repeated_launches(gk, CONFIGS[1], n=512, k=4096, m=1)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 

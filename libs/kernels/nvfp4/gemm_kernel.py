@@ -94,15 +94,15 @@ def _mma_partition(w_ring, s_ring, w_ready, w_empty, x_bufs, ready, empty, k_ste
         mbarrier.wait(w_ready.index(wslot), (g // WS) & 1)
         if LOOKAHEAD:
             words, sc = read_step(w_ring.index(wslot), s_ring.index(wslot), 0, dtype, True,
-                                   L3, L3P)
+                                  L3, L3P)
         for j in gl.static_range(G):
             i = g * G + j
             if not LOOKAHEAD:
                 words, sc = read_step(w_ring.index(wslot), s_ring.index(wslot), j, dtype,
-                                       False, L3, L3P)
+                                      False, L3, L3P)
             elif j + 1 < G:
                 next_words, next_sc = read_step(w_ring.index(wslot), s_ring.index(wslot),
-                                                 j + 1, dtype, True, L3, L3P)
+                                                j + 1, dtype, True, L3, L3P)
             if j == G - 1:  # every step of the slot is read
                 mbarrier.arrive(w_empty.index(wslot), count=1)
             a = decode_fragment(words, sc, dtype, L3, A_L)

@@ -42,8 +42,8 @@ and M = 256 ~0.55x of torch: there the decode competes with the tensor cores. Sm
 gemv_kernel.py (a Gluon `mma.sync` GEMV without that per-step chain: ~45 us on 8192 x
 28672 at M = 1), 17 tokens or more on layers of at least 2^24 weights to gemm_kernel.py (a
 warp-specialized Gluon GEMM whose MMA warpgroup decodes into wgmma's register operand while
-its previous wgmma runs: ~159 us at M = 256, torch 167-177 us; 75 us at M = 64, torch
-128 us); everything else runs here.
+its previous wgmma runs: ~155 us at M = 256, torch 171-175 us; 75 us at M = 64, torch
+128-142 us); everything else runs here.
 
 Numerics versus reference.linear: the reference rounds w * s2 to x.dtype for every weight,
 then cuBLAS sums bf16 products in fp32 in its own order. Here the weights are exact, the
@@ -304,10 +304,11 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     on two warpgroups; above M = 64 the plain Triton decode measured faster (Triton
     schedules it better around the MMAs).
     Small layers (SmolLM2's) are latency-bound: 16-token tiles at any M, and K split into
-    whole runs of steps (_split_small_layer)."""
+    whole runs of steps (_small_layer_split)."""
     # Long rows: 128-row GEMV tiles measured 59.8 vs 62.4 us (64-row) on 8192 x 28672 at
     # M = 1, but 9.4 vs 9.0 us on 4096 x 4096, which keeps 64-row tiles.
     big = n >= 2048 and k >= 8192
+    small = n * k < 2**22
     per_sm = 6 if m <= 16 else 3  # the 8-warp tiles need fewer programs per SM
     if m <= 16:
         cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4,
@@ -317,12 +318,9 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
         if big:  # 128 weight rows per warpgroup (two independent MMA chains), ~2 per SM
             cfg["BLOCK_N"] = 128
             per_sm = 2
-        if n * k < 2**22:
-            return _split_small_layer(cfg, m, n, k, sms, min_steps=2)
-    elif n * k < 2**22:
+    elif small:
         cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3,
                    DECODE_ASM=True)
-        return _split_small_layer(cfg, m, n, k, sms, min_steps=3)
     elif m <= 64:
         cfg = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
                    DECODE_ASM=True)
@@ -339,6 +337,9 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
         cfg["BLOCK_K"] //= 2
     tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
     k_steps = triton.cdiv(k, cfg["BLOCK_K"])
+    if small:
+        cfg["SPLIT_K"] = _small_layer_split(k_steps, tiles, sms, min_steps=2 if m <= 16 else 3)
+        return cfg
     split_k = 1
     if k > 768:
         while (tiles * split_k * 2 <= per_sm * sms and k_steps // (split_k * 2) >= 2
@@ -348,24 +349,19 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     return cfg
 
 
-def _split_small_layer(cfg: dict, m: int, n: int, k: int, sms: int, min_steps: int) -> dict:
-    """cfg for a layer of under 2^22 weights (SmolLM2's), with K split into the largest
-    number of whole runs of at least min_steps steps that keeps to about four programs an
-    SM. Large-layer tiles leave most SMs idle there (576 x 576 at M = 256: 10 programs of
+def _small_layer_split(k_steps: int, tiles: int, sms: int, min_steps: int) -> int:
+    """SPLIT_K for a layer of under 2^22 weights (SmolLM2's): the largest number of whole
+    runs of at least min_steps K steps that keeps to about four programs an SM.
+    Large-layer tiles leave most SMs idle there (576 x 576 at M = 256: 10 programs of
     128 x 128), and a split need not be a power of two, only divide the steps (SmolLM2's
     576 is nine). From sweeps on an H200 (docs/notes/nvfp4-triton.md, session
     `gemm-lookahead`): more than 16 tokens take 16-token tiles of 64 rows and runs of three
     steps (576 x 576 at M = 64 / 256: 4.9 / 6.1 us against 8.8 / 11.4 us with the
     large-layer tiles; 576 x 1536 6.2 / 9.0 against 10.2 / 13.5 us); up to 16 tokens keep
     their tiles and take runs of two (576 x 576 at M = 1: 4.9 against 5.4 us whole)."""
-    while k % cfg["BLOCK_K"] and cfg["BLOCK_K"] > 16:
-        cfg["BLOCK_K"] //= 2
-    tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
-    k_steps = k // cfg["BLOCK_K"]
-    cfg["SPLIT_K"] = max(s for s in range(1, k_steps + 1)
-                         if k_steps % s == 0 and (s == 1 or (k_steps // s >= min_steps
-                                                             and tiles * s <= 4 * sms)))
-    return cfg
+    return max(s for s in range(1, k_steps + 1)
+               if k_steps % s == 0 and (s == 1 or (k_steps // s >= min_steps
+                                                   and tiles * s <= 4 * sms)))
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
