@@ -415,8 +415,11 @@ TUNE_CONFIGS = [
          K_INTERLEAVE=True),
     dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=4, SPLIT_K=4),
     dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=3, SPLIT_K=2),
-    # small layers at more tokens: splits that are no power of two (masked K here)
+    # small layers at more tokens: splits that are no power of two (masked K here), and
+    # the deep pipelines with 32-token tiles
     dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, SPLIT_K=3),
+    dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=10, SPLIT_K=1),
+    dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=5, SPLIT_K=3),
 ]
 
 
@@ -455,19 +458,37 @@ def test_linear_fp16_large_m_configs(asm, _full_precision_reductions):
     assert not bad.any(), (int(bad.sum()), ((out.double() - exact).abs() / mag)[bad].max().item())
 
 
-def test_small_layers_split_k_into_whole_runs_of_steps():
-    # SmolLM2's layers: 16-token tiles at any M, and K split into runs of at least three
-    # steps (two at up to 16 tokens) that divide K (576 is nine 64-wide steps), never past
-    # about four programs per SM.
+def test_small_layers_pick_tiles_splits_and_pipelines():
+    # SmolLM2's layers. Up to 16 tokens: 16-token tiles and K split into runs of at least
+    # two steps that divide K (576 is nine 64-wide steps), never past about four programs
+    # per SM. More tokens: K in runs of at most 576 (the fewest that divide the steps),
+    # every run's loads in flight at once (num_stages = steps + 1, capped at 10), and
+    # 32-token tiles where they still make 64 tiles.
     from libs.kernels.nvfp4 import linear_kernels as lk
 
     for n, k in ((576, 576), (192, 576), (1536, 576), (576, 1536)):
-        for m in (1, 16, 17, 64, 256):
+        for m in (1, 16, 17, 64, 128, 256):
             cfg = lk.pick_config(m, n, k)
             steps = k // cfg["BLOCK_K"]
+            split = cfg["SPLIT_K"]
             tiles = -(-n // cfg["BLOCK_N"]) * -(-m // cfg["BLOCK_M"])
-            assert cfg["BLOCK_M"] == 16 and steps % cfg["SPLIT_K"] == 0, (n, k, m, cfg)
-            assert cfg["SPLIT_K"] == 1 or (steps // cfg["SPLIT_K"] >= (2 if m <= 16 else 3)
-                                           and tiles * cfg["SPLIT_K"] <= 4 * 132)
-    assert lk.pick_config(256, 576, 576)["SPLIT_K"] == lk.pick_config(1, 576, 576)["SPLIT_K"] == 3
+            assert k % cfg["BLOCK_K"] == 0 and steps % split == 0, (n, k, m, cfg)
+            if m <= 16:
+                assert cfg["BLOCK_M"] == 16, (n, k, m, cfg)
+                assert split == 1 or (steps // split >= 2 and tiles * split <= 4 * 132)
+            else:
+                assert steps // split * cfg["BLOCK_K"] <= 576, (n, k, m, cfg)
+                assert all(steps % s or steps // s * cfg["BLOCK_K"] > 576
+                           for s in range(1, split)), (n, k, m, cfg)
+                assert cfg["num_stages"] == min(steps // split + 1, 10), (n, k, m, cfg)
+                wide = -(-n // 64) * -(-m // 32) >= 64
+                assert cfg["BLOCK_M"] == (32 if wide else 16), (n, k, m, cfg)
+
+    def tiles_split_stages(m, n, k):
+        cfg = lk.pick_config(m, n, k)
+        return cfg["BLOCK_M"], cfg["BLOCK_K"], cfg["SPLIT_K"], cfg["num_stages"]
+
+    assert tiles_split_stages(1, 576, 576) == (16, 64, 3, 4)
+    assert tiles_split_stages(256, 576, 576) == (32, 64, 1, 10)
+    assert tiles_split_stages(64, 576, 1536) == (16, 128, 3, 5)
     assert lk.pick_config(256, 4096, 4096)["BLOCK_M"] == 128  # large layers unchanged

@@ -303,8 +303,9 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     inline-PTX decode. Larger M is tensor-core work: 128-row tiles
     on two warpgroups; above M = 64 the plain Triton decode measured faster (Triton
     schedules it better around the MMAs).
-    Small layers (SmolLM2's) are latency-bound: 16-token tiles at any M, and K split into
-    whole runs of steps (_small_layer_split)."""
+    Small layers (SmolLM2's) are latency-bound. Up to 16 tokens: K split into whole runs
+    of steps (_small_layer_split). More tokens: K in runs of at most 576, each run's loads
+    all in flight at once, 32-token tiles where they still make 64 tiles (_small_layer_runs)."""
     # Long rows: 128-row GEMV tiles measured 59.8 vs 62.4 us (64-row) on 8192 x 28672 at
     # M = 1, but 9.4 vs 9.0 us on 4096 x 4096, which keeps 64-row tiles.
     big = n >= 2048 and k >= 8192
@@ -319,8 +320,10 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
             cfg["BLOCK_N"] = 128
             per_sm = 2
     elif small:
-        cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3,
-                   DECODE_ASM=True)
+        cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64 if k < 1024 else 128, num_warps=4,
+                   num_stages=3, DECODE_ASM=True)
+        if triton.cdiv(n, 64) * triton.cdiv(m, 32) >= 64:  # 576 x 576 at M = 256: 5.5 vs 5.8 us
+            cfg["BLOCK_M"] = 32
     elif m <= 64:
         cfg = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
                    DECODE_ASM=True)
@@ -337,8 +340,11 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
         cfg["BLOCK_K"] //= 2
     tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
     k_steps = triton.cdiv(k, cfg["BLOCK_K"])
+    if small and m <= 16:
+        cfg["SPLIT_K"] = _small_layer_split(k_steps, tiles, sms, min_steps=2)
+        return cfg
     if small:
-        cfg["SPLIT_K"] = _small_layer_split(k_steps, tiles, sms, min_steps=2 if m <= 16 else 3)
+        _small_layer_runs(cfg, k_steps)
         return cfg
     split_k = 1
     if k > 768:
@@ -350,18 +356,29 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
 
 
 def _small_layer_split(k_steps: int, tiles: int, sms: int, min_steps: int) -> int:
-    """SPLIT_K for a layer of under 2^22 weights (SmolLM2's): the largest number of whole
-    runs of at least min_steps K steps that keeps to about four programs an SM.
-    Large-layer tiles leave most SMs idle there (576 x 576 at M = 256: 10 programs of
-    128 x 128), and a split need not be a power of two, only divide the steps (SmolLM2's
-    576 is nine). From sweeps on an H200 (docs/notes/nvfp4-triton.md, session
-    `gemm-lookahead`): more than 16 tokens take 16-token tiles of 64 rows and runs of three
-    steps (576 x 576 at M = 64 / 256: 4.9 / 6.1 us against 8.8 / 11.4 us with the
-    large-layer tiles; 576 x 1536 6.2 / 9.0 against 10.2 / 13.5 us); up to 16 tokens keep
-    their tiles and take runs of two (576 x 576 at M = 1: 4.9 against 5.4 us whole)."""
+    """SPLIT_K for a layer of under 2^22 weights (SmolLM2's) at up to 16 tokens: the largest
+    number of whole runs of at least min_steps K steps that keeps to about four programs an
+    SM. Large-layer tiles leave most SMs idle there, and a split need not be a power of
+    two, only divide the steps (SmolLM2's 576 is nine 64-wide steps). From a sweep on an
+    H200 (docs/notes/nvfp4-triton.md, session `gemm-lookahead`): runs of two (576 x 576 at
+    M = 1: 4.9 against 5.4 us whole)."""
     return max(s for s in range(1, k_steps + 1)
                if k_steps % s == 0 and (s == 1 or (k_steps // s >= min_steps
                                                    and tiles * s <= 4 * sms)))
+
+
+def _small_layer_runs(cfg: dict, k_steps: int) -> None:
+    """SPLIT_K and num_stages for a small layer at more than 16 tokens: the fewest runs of
+    at most 576 of K that divide the steps, and a software pipeline one deeper than a run
+    (at most 10), so every load of a run is issued before the first step is decoded. Each
+    program is one latency chain (loads, then per step a decode and a wgmma it waits for),
+    and a global split-K sum adds a round trip, so long runs whose loads all fly at once
+    beat short ones. From a sweep on an H200 (docs/notes/nvfp4-triton.md, session
+    `small-pipelines`): 576 x 576 at M = 256 5.6 against 6.2 us (runs of three steps, three
+    stages), 576 x 1536 7.7 against 9.0 us, at M = 64 5.3 against 6.2 us."""
+    cfg["SPLIT_K"] = min(s for s in range(1, k_steps + 1)
+                         if k_steps % s == 0 and k_steps // s * cfg["BLOCK_K"] <= 576)
+    cfg["num_stages"] = min(k_steps // cfg["SPLIT_K"] + 1, 10)
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
