@@ -1,0 +1,84 @@
+"""The Gluon small-layer kernel (libs/kernels/nvfp4/small_kernel.py) on CUDA: every token
+tile it may pick against the exact product, including ragged N and M, bias, fp16, every
+e4m3 scale code, and the routing that sends SmolLM2's layers to it. GPU only (`gpu`)."""
+
+import pytest
+import torch
+
+from .nvfp4_helpers import (
+    check_linear_exact,
+    count_exact_on_shapes,
+    cuda_weight,
+    repeated_launches,
+)
+
+pytestmark = pytest.mark.gpu
+CUDA = "cuda"
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+sk = pytest.importorskip("libs.kernels.nvfp4.small_kernel")
+
+CONFIGS = [dict(BM=16, num_warps=4), dict(BM=32, num_warps=4), dict(BM=64, num_warps=4)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"bm{c['BM']}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_small_configs_match_exact(cfg, dtype):
+    # K of 576 (SmolLM2), 64 (one chunk) and 320; N not a multiple of 64; M neither a
+    # multiple of the tile nor below it; bias on odd M (count_exact_on_shapes)
+    shapes = ((576, 576, 256), (200, 576, 17), (192, 64, 40), (1000, 320, 2 * cfg["BM"] + 3))
+    assert count_exact_on_shapes(sk, cfg, shapes, dtype) == len(shapes)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_small_every_scale_code_and_byte(dtype):
+    packed, scales, s2 = cuda_weight(256, 576, dtype, seed=3, random_scales=True)
+    assert len(set(scales.view(torch.uint8).flatten().tolist())) == 0x7F  # every finite code
+    x = torch.randn(37, 576, device=CUDA).to(dtype)
+    out = torch.empty(37, 256, device=CUDA, dtype=dtype)
+    sk.launch(x, packed, scales, s2, None, out, CONFIGS[1])
+    check_linear_exact(out, x, packed, scales, s2, None, dtype)
+
+
+def test_small_is_deterministic():
+    outs = repeated_launches(sk, CONFIGS[1], n=576, k=576, m=100)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_small_does_not_write_past_m_or_n():
+    packed, scales, s2 = cuda_weight(100, 576, torch.bfloat16, seed=5)
+    x = torch.randn(20, 576, device=CUDA, dtype=torch.bfloat16)
+    big = torch.full((40, 128), 7.0, device=CUDA, dtype=torch.bfloat16)
+    out = big[:20, :100]  # row stride 128: anything written past n or m shows in big
+    sk.launch(x, packed, scales, s2, None, out, CONFIGS[0])
+    assert (big[20:] == 7).all() and (big[:, 100:] == 7).all()
+    check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
+
+
+def test_fits_and_pick_config():
+    assert sk.fits(17, 576, {}) and sk.fits(300, 64, {})
+    assert not sk.fits(17, 640, {}) and not sk.fits(17, 200, {})  # past MAX_K, ragged K
+    assert sk.pick_config(256, 576, 576) == dict(BM=32, num_warps=4)  # 72 programs
+    assert sk.pick_config(64, 576, 576) == dict(BM=16, num_warps=4)
+    assert sk.pick_config(256, 1536, 576) == dict(BM=64, num_warps=4)  # 96 programs
+    assert sk.pick_config(16, 576, 576) is None  # few tokens: linear_kernels' split K
+    assert sk.pick_config(256, 576, 1536) is None  # K = 1536: linear_kernels
+    assert sk.pick_config(1024, 1536, 576) is None  # more than one wave even at BM = 64
+    assert sk.pick_config(256, 4096, 4096) is None  # large layers: gemm_kernel
+
+
+def test_linear_routes_smollm2_layers_here():
+    from libs.kernels import nvfp4_linear
+    from libs.kernels.nvfp4 import linear_kernels as lk
+
+    packed, scales, s2 = cuda_weight(576, 576, torch.bfloat16, seed=8)
+    x = torch.randn(100, 576, device=CUDA, dtype=torch.bfloat16)
+    out = torch.empty(100, 576, device=CUDA, dtype=torch.bfloat16)
+    assert lk.route(x, packed, scales, out)[0] == "small"
+    assert lk.route(x[:16], packed, scales, out[:16])[0] == "triton"
+    down, down_scales, _ = cuda_weight(576, 1536, torch.bfloat16, seed=9)
+    x_down = torch.randn(100, 1536, device=CUDA, dtype=torch.bfloat16)
+    assert lk.route(x_down, down, down_scales, out)[0] == "triton"
+    check_linear_exact(nvfp4_linear(x, packed, scales, s2), x, packed, scales, s2, None,
+                       torch.bfloat16)
