@@ -18,7 +18,7 @@ program (4 warps) takes 64 weight rows and BM tokens over the whole K:
 BM is the smallest of 16, 32, 64 that keeps the programs to one wave (a program holds
 9 * (8 + BM / 8) KB of shared memory at K = 576). Measured on an H200
 (docs/notes/nvfp4-triton.md, session `small-pipelines`), against the Triton kernel's best
-configs: 576 x 576 at M = 256 4.85 against 5.55 us (torch 3.78), at M = 64 4.03 against
+configs: 576 x 576 at M = 256 4.65 against 5.55 us (torch 3.78), at M = 64 3.97 against
 4.94 (torch 3.68); 1536 x 576 at M = 256 6.08 against 6.68 (torch 4.21). K = 1536 (SmolLM2's
 down projection) measured slower here (9.1 against 7.8 us at M = 256) and stays there.
 
@@ -119,16 +119,36 @@ def _small_kernel(
         words = words + (gl.load(w_ptrs + c * 8),)
         scales = scales + (gl.load(s_ptrs + c * 4),)
         xs = xs + (gl.load(x_ptrs + c * 64),)
-    w_smem = gl.allocate_shared_memory(dtype, [KC, BN, 64], SW)
-    x_smem = gl.allocate_shared_memory(dtype, [KC, BM, 64], SW)
-    for c in gl.static_range(KC):
-        w_smem.index(c).store(_decode_chunk(words[c], scales[c], dtype))
-        x_smem.index(c).store(_permute_x(xs[c]))
+    if BM <= 32:
+        # A barrier here keeps the compiler from sinking each load down to its use, and
+        # one shared allocation per chunk keeps it from putting a barrier between the
+        # chunks' stores (it cannot tell index(c) from index(c + 1) of one allocation
+        # apart): 576 x 576 at M = 256 4.65 against 4.85 us. At 64 tokens, where x alone
+        # takes 144 registers a thread, pinning every load measured slower (1536 x 576 at
+        # M = 256: 6.5 against 6.2 us), so there the stores go chunk by chunk.
+        gl.thread_barrier()
+        w_bufs = ()
+        x_bufs = ()
+        for c in gl.static_range(KC):
+            w_bufs = w_bufs + (gl.allocate_shared_memory(
+                dtype, [BN, 64], SW, _decode_chunk(words[c], scales[c], dtype)),)
+            x_bufs = x_bufs + (gl.allocate_shared_memory(dtype, [BM, 64], SW,
+                                                         _permute_x(xs[c])),)
+    else:
+        w_smem = gl.allocate_shared_memory(dtype, [KC, BN, 64], SW)
+        x_smem = gl.allocate_shared_memory(dtype, [KC, BM, 64], SW)
+        w_bufs = ()
+        x_bufs = ()
+        for c in gl.static_range(KC):
+            w_smem.index(c).store(_decode_chunk(words[c], scales[c], dtype))
+            x_smem.index(c).store(_permute_x(xs[c]))
+            w_bufs = w_bufs + (w_smem.index(c),)
+            x_bufs = x_bufs + (x_smem.index(c),)
     gl.thread_barrier()
     acc = gl.zeros([BN, BM], gl.float32, MMA)
     for c in gl.static_range(KC):
-        a = w_smem.index(c).load(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
-        b = x_smem.index(c).permute((1, 0)).load(
+        a = w_bufs[c].load(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
+        b = x_bufs[c].permute((1, 0)).load(
             gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
         acc = mma_v2(a, b, acc)
     out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
