@@ -169,8 +169,8 @@ def viewable(packed: torch.Tensor) -> bool:
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
-    kernel runs instead: layers of 2^22 weights or more, up to 16 tokens (the Triton
-    kernel's split K measured as fast or faster there), K past MAX_K or not a multiple of
+    kernel runs instead: layers of 2^22 weights or more, up to 16 tokens (not measured
+    with this kernel; the Triton kernel splits K there), K past MAX_K or not a multiple of
     64, and token counts that would take more than one wave at BM = 64. BM is the smallest
     of 16, 32, 64 whose programs fit in one wave: from a sweep on an H200 (session
     `small-pipelines`), 576 x 576 at M = 256 4.85 us with 32 (72 programs) against 5.76
