@@ -26,8 +26,10 @@ CONFIGS = [dict(BM=16, num_warps=4), dict(BM=32, num_warps=4), dict(BM=64, num_w
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_small_configs_match_exact(cfg, dtype):
     # K of 576 (SmolLM2), 64 (one chunk) and 320; N not a multiple of 64; M neither a
-    # multiple of the tile nor below it; bias on odd M (count_exact_on_shapes)
-    shapes = ((576, 576, 256), (200, 576, 17), (192, 64, 40), (1000, 320, 2 * cfg["BM"] + 3))
+    # multiple of the tile nor below it, and one token; bias on odd M
+    # (count_exact_on_shapes)
+    shapes = ((576, 576, 256), (200, 576, 17), (192, 64, 40), (1000, 320, 2 * cfg["BM"] + 3),
+              (576, 576, 1), (1536, 576, 16))
     assert count_exact_on_shapes(sk, cfg, shapes, dtype) == len(shapes)
 
 
@@ -62,7 +64,8 @@ def test_fits_and_pick_config():
     assert sk.pick_config(256, 576, 576) == dict(BM=32, num_warps=4)  # 72 programs
     assert sk.pick_config(64, 576, 576) == dict(BM=16, num_warps=4)
     assert sk.pick_config(256, 1536, 576) == dict(BM=64, num_warps=4)  # 96 programs
-    assert sk.pick_config(16, 576, 576) is None  # few tokens: linear_kernels' split K
+    assert sk.pick_config(1, 576, 576) == sk.pick_config(16, 1536, 576) == dict(BM=16,
+                                                                               num_warps=4)
     assert sk.pick_config(256, 576, 1536) is None  # K = 1536: linear_kernels
     assert sk.pick_config(1024, 1536, 576) is None  # more than one wave even at BM = 64
     assert sk.pick_config(256, 4096, 4096) is None  # large layers: gemm_kernel
@@ -76,7 +79,7 @@ def test_linear_routes_smollm2_layers_here():
     x = torch.randn(100, 576, device=CUDA, dtype=torch.bfloat16)
     out = torch.empty(100, 576, device=CUDA, dtype=torch.bfloat16)
     assert lk.route(x, packed, scales, out)[0] == "small"
-    assert lk.route(x[:16], packed, scales, out[:16])[0] == "triton"
+    assert lk.route(x[:1], packed, scales, out[:1])[0] == "small"
     down, down_scales, _ = cuda_weight(576, 1536, torch.bfloat16, seed=9)
     x_down = torch.randn(100, 1536, device=CUDA, dtype=torch.bfloat16)
     assert lk.route(x_down, down, down_scales, out)[0] == "triton"

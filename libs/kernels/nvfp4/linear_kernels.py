@@ -43,9 +43,9 @@ gemv_kernel.py (a Gluon `mma.sync` GEMV without that per-step chain: ~45 us on 8
 28672 at M = 1), 17 tokens or more on layers of at least 2^24 weights to gemm_kernel.py (a
 warp-specialized Gluon GEMM whose MMA warpgroup decodes into wgmma's register operand while
 its previous wgmma runs: ~155 us at M = 256, torch 171-175 us; 75 us at M = 64, torch
-128-142 us), 17 tokens or more on layers under 2^22 weights with K up to 576 to
-small_kernel.py (one decode per tile into shared memory, then mma.sync: SmolLM2's
-576 x 576 at M = 256 in ~4.9 us against ~5.6 us here); everything else runs here.
+128-142 us), layers under 2^22 weights with K up to 576 to small_kernel.py (one decode
+per tile into shared memory, then mma.sync: SmolLM2's 576 x 576 at M = 256 in ~4.6 us
+against ~5.6 us here, at M = 1 ~3.8 against ~4.9 us); everything else runs here.
 
 Numerics versus reference.linear: the reference rounds w * s2 to x.dtype for every weight,
 then cuBLAS sums bf16 products in fp32 in its own order. Here the weights are exact, the
@@ -415,8 +415,8 @@ def route(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
           out: torch.Tensor) -> tuple[str, dict]:
     """Which kernel computes out = x2 @ W.T, and its config: ("gemv", cfg) for a few tokens
     on long rows (gemv_kernel), ("gemm", cfg) for many tokens on large layers
-    (gemm_kernel), ("small", cfg) for more than 16 tokens on small layers with K up to 576
-    (small_kernel), else ("triton", cfg) for this module's kernel. The Gluon kernels need
+    (gemm_kernel), ("small", cfg) for small layers with K up to 576 (small_kernel), else
+    ("triton", cfg) for this module's kernel. The Gluon kernels need
     CUDA tensors (Gluon has no CPU interpreter) and addresses they can read as words or
     TMA descriptors."""
     m, k = x2.shape

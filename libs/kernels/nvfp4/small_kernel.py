@@ -1,4 +1,4 @@
-"""NVFP4 weight-only linear for small layers at many tokens in Gluon: decode once into
+"""NVFP4 weight-only linear for small layers in Gluon: decode once into
 shared memory, then `mma.sync` from there.
 
 SmolLM2's layers (576-wide) are latency-bound: torch runs 576 x 576 at 256 tokens in
@@ -19,7 +19,8 @@ BM is the smallest of 16, 32, 64 that keeps the programs to one wave (a program 
 9 * (8 + BM / 8) KB of shared memory at K = 576). Measured on an H200
 (docs/notes/nvfp4-triton.md, session `small-pipelines`), against the Triton kernel's best
 configs: 576 x 576 at M = 256 4.65 against 5.55 us (torch 3.78), at M = 64 3.97 against
-4.94 (torch 3.68); 1536 x 576 at M = 256 6.08 against 6.68 (torch 4.21). K = 1536 (SmolLM2's
+4.94 (torch 3.68), at M = 1 3.79 against 4.86 (torch 3.56); 1536 x 576 at M = 256 6.08
+against 6.68 (torch 4.21). K = 1536 (SmolLM2's
 down projection) measured slower here (9.1 against 7.8 us at M = 256) and stays there.
 
 Numerics equal linear_kernels' (the same exact decoded weights, fp32 accumulation, s2 and
@@ -169,14 +170,16 @@ def viewable(packed: torch.Tensor) -> bool:
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
-    kernel runs instead: layers of 2^22 weights or more, up to 16 tokens (not measured
-    with this kernel; the Triton kernel splits K there), K past MAX_K or not a multiple of
-    64, and token counts that would take more than one wave at BM = 64. BM is the smallest
+    kernel runs instead: layers of 2^22 weights or more, K past MAX_K or not a multiple of
+    64, and token counts that would take more than one wave at BM = 64. At up to 16 tokens
+    (one 16-token tile) it measured faster than the Triton kernel's split K: 576 x 576 at
+    M = 1 / 16 3.79 / 3.94 us against 4.86 / 4.90 (torch 3.56 / 3.65); 1536 x 576 at M = 1
+    3.86 against 4.96 (torch 3.88). BM is the smallest
     of 16, 32, 64 whose programs fit in one wave: from a sweep on an H200 (session
     `small-pipelines`), 576 x 576 at M = 256 4.85 us with 32 (72 programs) against 5.76
     with 16 (144) and 5.88 with 64; 1536 x 576 at M = 256 6.08 with 64 (96 programs)
     against 7.41 with 32 (192)."""
-    if n * k >= 2**22 or m <= 16 or not fits(m, k, {}):
+    if n * k >= 2**22 or not fits(m, k, {}):
         return None
     for bm in (16, 32, 64):
         if triton.cdiv(n, BN) * triton.cdiv(m, bm) <= sms:
