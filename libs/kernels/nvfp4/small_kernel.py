@@ -20,8 +20,9 @@ BM is the smallest of 16, 32, 64 that keeps the programs to one wave (a program 
 (docs/notes/nvfp4-triton.md, session `small-pipelines`), against the Triton kernel's best
 configs: 576 x 576 at M = 256 4.65 against 5.55 us (torch 3.78), at M = 64 3.97 against
 4.94 (torch 3.68), at M = 1 3.79 against 4.86 (torch 3.56); 1536 x 576 at M = 256 6.08
-against 6.68 (torch 4.21). K = 1536 (SmolLM2's
-down projection) measured slower here (9.1 against 7.8 us at M = 256) and stays there.
+against 6.68 (torch 4.21). K = 1536 (SmolLM2's down projection) measured slower here with
+K split across programs (9.1 against 7.8 us at M = 256) and stays there; whole, its loads
+would not fit in registers.
 
 Numerics equal linear_kernels' (the same exact decoded weights, fp32 accumulation, s2 and
 the power of two in the epilogue).
