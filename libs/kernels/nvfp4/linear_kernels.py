@@ -342,11 +342,11 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
         cfg["BLOCK_K"] //= 2
     tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
     k_steps = triton.cdiv(k, cfg["BLOCK_K"])
-    if small and m <= 16:
-        cfg["SPLIT_K"] = _small_layer_split(k_steps, tiles, sms, min_steps=2)
-        return cfg
     if small:
-        _small_layer_runs(cfg, k_steps)
+        if m <= 16:
+            cfg["SPLIT_K"] = _small_layer_split(k_steps, tiles, sms, min_steps=2)
+        else:
+            _small_layer_runs(cfg, k_steps)
         return cfg
     split_k = 1
     if k > 768:

@@ -98,10 +98,10 @@ def _permute_x(xt):
 def _small_kernel(
     x_ptr, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr,
     M, N, stride_xm, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
-    HAS_BIAS: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr, OUT_LOG2: gl.constexpr,
+    HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
+    OUT_LOG2: gl.constexpr,
     WL: gl.constexpr, XL: gl.constexpr, MMA: gl.constexpr, SW: gl.constexpr,
 ):
-    BN: gl.constexpr = 64  # the module's BN
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     dtype: gl.constexpr = x_ptr.dtype.element_ty
@@ -199,6 +199,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     _small_kernel[(triton.cdiv(n, BN), triton.cdiv(m, cfg["BM"]))](
         x2, words, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
         m, n, x2.stride(0), words.stride(0), scales.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BM=cfg["BM"], KC=k // 64, OUT_LOG2=_DECODE[x2.dtype][1],
+        HAS_BIAS=bias is not None, BN=BN, BM=cfg["BM"], KC=k // 64,
+        OUT_LOG2=_DECODE[x2.dtype][1],
         WL=wl, XL=xl, MMA=mma, SW=sw, num_warps=cfg["num_warps"])
     return out
