@@ -19,10 +19,12 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 sk = pytest.importorskip("libs.kernels.nvfp4.small_kernel")
 
-CONFIGS = [dict(BM=16, num_warps=4), dict(BM=32, num_warps=4), dict(BM=64, num_warps=4)]
+# the picked configs first (CONFIGS[1] is 576 x 576 at M = 256), then the other warp count
+CONFIGS = [dict(BM=16, num_warps=4), dict(BM=32, num_warps=4), dict(BM=64, num_warps=4),
+           dict(BM=16, num_warps=8), dict(BM=32, num_warps=8), dict(BM=64, num_warps=8)]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"bm{c['BM']}")
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"bm{c['BM']}-w{c['num_warps']}")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_small_configs_match_exact(cfg, dtype):
     # K of 576 (SmolLM2), 64 (one chunk) and 320; N not a multiple of 64; M neither a
