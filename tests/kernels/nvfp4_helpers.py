@@ -69,12 +69,15 @@ def repeated_launches(kernel, cfg, n: int, k: int, m: int, times: int = 3) -> li
 
 def check_linear_exact(out, x, packed, scales, s2, bias, dtype) -> None:
     """out within the linear kernels' bound of the exact x @ W.T + bias: a few units of
-    dtype's rounding of the magnitudes summed (as test_linear_matches_reference). NaN (an
-    output never written) fails."""
+    dtype's rounding of the magnitudes summed (as test_linear_matches_reference), and half
+    the spacing of dtype's subnormals. NaN (an output never written) fails."""
     w = reference.dequantize(packed, scales, s2, torch.float32).double()
     exact = x.double() @ w.T + (bias.double() if bias is not None else 0)
     mag = x.double().abs() @ w.abs().T + (bias.double().abs() if bias is not None else 0)
     eps = 2.0**-8 if dtype is torch.bfloat16 else 2.0**-11
-    bound = (eps + x.shape[1] * 2.0**-22) * mag + 1e-30
+    # an output below dtype's smallest normal rounds to a fixed spacing, not a relative one:
+    # half of it (2^-25 in fp16) on top
+    tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps / 2
+    bound = (eps + x.shape[1] * 2.0**-22) * mag + tiny
     bad = ~((out.double() - exact).abs() <= bound)
     assert not bad.any(), (int(bad.sum()), bad.nonzero()[:5].tolist())

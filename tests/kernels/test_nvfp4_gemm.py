@@ -22,8 +22,8 @@ gk = pytest.importorskip("libs.kernels.nvfp4.gemm_kernel")
 from libs.kernels.nvfp4 import linear_kernels as lk  # noqa: E402  (after the skip)
 
 
-def _cfg(bm=256, split=1, stages=4, w_stages=2, maxnreg=None, **extra):
-    return dict(BN=64, BM=bm, BK=64, G=4, STAGES=stages, W_STAGES=w_stages, SPLIT_K=split,
+def _cfg(bm=256, split=1, stages=4, w_stages=2, maxnreg=None, g=4, **extra):
+    return dict(BN=64, BM=bm, BK=64, G=g, STAGES=stages, W_STAGES=w_stages, SPLIT_K=split,
                 maxnreg=maxnreg or (232 if bm > 128 else 128), **extra)
 
 
@@ -45,6 +45,15 @@ def test_gemm_configs_match_exact(cfg, dtype):
               (136, 2048, 17))
     ran = count_exact_on_shapes(gk, cfg, shapes, dtype)
     assert ran >= 3, cfg  # every config meets at least three of the shapes
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemm_small_layer_config_matches_exact(dtype):
+    # the config _small_layer_config picks, on SmolLM2's down projection and ragged
+    # neighbours: M not whole 32-token tiles, N not a multiple of 64, a shorter K
+    cfg = gk.pick_config(256, 576, 1536)
+    shapes = ((576, 1536, 256), (576, 1536, 201), (200, 1536, 129), (576, 1024, 300))
+    assert count_exact_on_shapes(gk, cfg, shapes, dtype) == len(shapes)
 
 
 @pytest.mark.parametrize("lookahead", [False, True])
@@ -91,7 +100,11 @@ def test_fits_and_pick_config():
     assert long.get("X_STEPS", 1) == 1  # two programs per SM: the smaller x ring
     assert not long.get("LOOKAHEAD")  # and no read-ahead
     assert gk.pick_config(16, 8192, 28672) is None  # few tokens: the Triton kernel
-    assert gk.pick_config(256, 1536, 576) is None  # small layers: linear_kernels
+    assert gk.pick_config(256, 1536, 576) is None  # K = 576: not whole slots (small_kernel)
+    down = gk.pick_config(256, 576, 1536)  # SmolLM2's down projection past 128 tokens
+    assert down == _cfg(bm=32, g=8, X_STEPS=2, LOOKAHEAD=True)
+    assert gk.pick_config(128, 576, 1536) is None  # up to 128 tokens: the Triton kernel
+    assert gk.pick_config(256, 576, 1280)["G"] == 4  # K not whole 8-step slots
     assert gk.pick_config(256, 4100, 4096) is None  # N not a multiple of 8
 
 

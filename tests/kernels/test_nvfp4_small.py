@@ -85,5 +85,8 @@ def test_linear_routes_smollm2_layers_here():
     down, down_scales, _ = cuda_weight(576, 1536, torch.bfloat16, seed=9)
     x_down = torch.randn(100, 1536, device=CUDA, dtype=torch.bfloat16)
     assert lk.route(x_down, down, down_scales, out)[0] == "triton"
+    x_down = torch.randn(256, 1536, device=CUDA, dtype=torch.bfloat16)
+    out_down = torch.empty(256, 576, device=CUDA, dtype=torch.bfloat16)
+    assert lk.route(x_down, down, down_scales, out_down)[0] == "gemm"  # past 128 tokens
     check_linear_exact(nvfp4_linear(x, packed, scales, s2), x, packed, scales, s2, None,
                        torch.bfloat16)

@@ -272,8 +272,9 @@ def _gemm_kernel(
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
     kernel runs instead: at most 16 tokens (the Triton kernel streams the weights faster
-    there: 60 us against 67-70 us on 8192 x 28672), layers under 2^24 weights (not
-    measured), N not a multiple of 8 (TMA rows of the output), K not a multiple of 256.
+    there: 60 us against 67-70 us on 8192 x 28672), layers of 2^22 to 2^24 weights (not
+    measured; smaller ones: _small_layer_config), N not a multiple of 8 (TMA rows of the
+    output), K not a multiple of 256.
 
     64-row tiles; token tiles of the next power of two up to 128 tokens, else 256: one
     weight decode per token tile, so few and full tiles. Tiles of up to 128 tokens need
@@ -286,7 +287,11 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     costs a few us: 8192 x 28672 at M = 128 takes 102 us split in two against 141 us
     whole; 4096 x 4096 at M = 256 takes 22.4 us split against 19.6 us whole). From sweeps
     on an H200 (docs/notes/nvfp4-triton.md, sessions `gluon-gemm` and `gemm-registers`)."""
-    if m <= 16 or n * k < 2**24 or n % 8:
+    if m <= 16 or n % 8:
+        return None
+    if n * k < 2**22:
+        return _small_layer_config(m, k)
+    if n * k < 2**24:
         return None
     bm = 256 if m > 128 else max(16, 1 << (m - 1).bit_length())
     n_tiles = triton.cdiv(n, 64)
@@ -316,6 +321,20 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
         # the MMA warpgroup reads each step ahead (_mma_partition's LOOKAHEAD).
         cfg.update(X_STEPS=2, STAGES=3 if bm == 256 else 4, LOOKAHEAD=True)
     return cfg
+
+
+def _small_layer_config(m: int, k: int) -> dict | None:
+    """Layers under 2^22 weights come here only where small_kernel declines them (route
+    asks it first): K past its 576, as SmolLM2's down projection (576 x 1536). Past 128
+    tokens: 32-token tiles (two programs per SM), 8-step weight slots, two-step x slots
+    read ahead. From a sweep on an H200 (session `small-wgmma`), 576 x 1536 at M = 256
+    6.47 us against the Triton kernel's 7.80 (torch 5.27); at M = 128 6.39 against 6.33,
+    at M = 64 6.38 against 5.27, so fewer tokens stay there."""
+    if m <= 128:
+        return None
+    cfg = dict(BN=64, BM=32, BK=64, G=8 if k % 512 == 0 else 4, STAGES=4, W_STAGES=2,
+               SPLIT_K=1, maxnreg=128, X_STEPS=2, LOOKAHEAD=True)
+    return cfg if fits(m, k, cfg) else None
 
 
 def fits(m: int, k: int, cfg: dict) -> bool:

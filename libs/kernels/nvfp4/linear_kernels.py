@@ -414,8 +414,9 @@ def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
 def route(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
           out: torch.Tensor) -> tuple[str, dict]:
     """Which kernel computes out = x2 @ W.T, and its config: ("gemv", cfg) for a few tokens
-    on long rows (gemv_kernel), ("gemm", cfg) for many tokens on large layers
-    (gemm_kernel), ("small", cfg) for small layers with K up to 576 (small_kernel), else
+    on long rows (gemv_kernel), ("small", cfg) for small layers with K up to 576
+    (small_kernel), ("gemm", cfg) for many tokens on large layers and past 128 tokens on
+    the small layers small_kernel declines (gemm_kernel), else
     ("triton", cfg) for this module's kernel. The Gluon kernels need
     CUDA tensors (Gluon has no CPU interpreter) and addresses they can read as words or
     TMA descriptors."""
@@ -427,14 +428,14 @@ def route(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         cfg = gemv and gemv.viewable(packed, scales) and gemv.pick_config(m, n, k, sms)
         if cfg:
             return "gemv", cfg
-        gemm = _gluon("gemm_kernel")
-        cfg = gemm and gemm.viewable(x2, packed, scales, out) and gemm.pick_config(m, n, k, sms)
-        if cfg:
-            return "gemm", cfg
         small = _gluon("small_kernel")
         cfg = small and small.viewable(packed) and small.pick_config(m, n, k, sms)
         if cfg:
             return "small", cfg
+        gemm = _gluon("gemm_kernel")
+        cfg = gemm and gemm.viewable(x2, packed, scales, out) and gemm.pick_config(m, n, k, sms)
+        if cfg:
+            return "gemm", cfg
     return "triton", pick_config(m, n, k, sms)
 
 
