@@ -104,6 +104,7 @@ def test_fits_and_pick_config():
     down = gk.pick_config(256, 576, 1536)  # SmolLM2's down projection past 128 tokens
     assert down == _cfg(bm=32, g=8, X_STEPS=2, LOOKAHEAD=True)
     assert gk.pick_config(128, 576, 1536) is None  # up to 128 tokens: the Triton kernel
+    assert gk.pick_config(257, 576, 1536) is None  # past 256 (not measured): the same
     assert gk.pick_config(256, 576, 1280)["G"] == 4  # K not whole 8-step slots
     assert gk.pick_config(256, 4100, 4096) is None  # N not a multiple of 8
 

@@ -325,12 +325,13 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
 
 def _small_layer_config(m: int, k: int) -> dict | None:
     """Layers under 2^22 weights come here only where small_kernel declines them (route
-    asks it first): K past its 576, as SmolLM2's down projection (576 x 1536). Past 128
-    tokens: 32-token tiles (two programs per SM), 8-step weight slots, two-step x slots
-    read ahead. From a sweep on an H200 (session `small-wgmma`), 576 x 1536 at M = 256
-    6.47 us against the Triton kernel's 7.80 (torch 5.27); at M = 128 6.39 against 6.33,
-    at M = 64 6.38 against 5.27, so fewer tokens stay there."""
-    if m <= 128:
+    asks it first): K past its 576, as SmolLM2's down projection (576 x 1536). From 129 to
+    256 tokens: 32-token tiles (two programs per SM), 8-step weight slots, two-step x
+    slots read ahead. From a sweep on an H200 (session `small-wgmma`), 576 x 1536 at
+    M = 256 6.47 us against the Triton kernel's 7.80 (torch 5.27); at M = 128 6.39 against
+    6.33, at M = 64 6.38 against 5.27, so fewer tokens stay there. More than 256 tokens
+    (long prompts) were not measured and stay there too."""
+    if not 128 < m <= 256:
         return None
     cfg = dict(BN=64, BM=32, BK=64, G=8 if k % 512 == 0 else 4, STAGES=4, W_STAGES=2,
                SPLIT_K=1, maxnreg=128, X_STEPS=2, LOOKAHEAD=True)

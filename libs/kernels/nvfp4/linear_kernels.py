@@ -45,7 +45,7 @@ warp-specialized Gluon GEMM whose MMA warpgroup decodes into wgmma's register op
 its previous wgmma runs: ~155 us at M = 256, torch 171-175 us; 75 us at M = 64, torch
 128-142 us), layers under 2^22 weights with K up to 576 to small_kernel.py (one decode
 per tile into shared memory, then wgmma: SmolLM2's 576 x 576 at M = 256 in ~4.2 us
-against ~5.6 us here, at M = 1 ~3.6 against ~4.9 us), and past 128 tokens the small
+against ~5.6 us here, at M = 1 ~3.6 against ~4.9 us), and at 129-256 tokens the small
 layers it declines (SmolLM2's down projection, K = 1536) to gemm_kernel.py as well
 (~6.5 against ~7.8 us at M = 256); everything else runs here.
 
@@ -417,7 +417,7 @@ def route(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
           out: torch.Tensor) -> tuple[str, dict]:
     """Which kernel computes out = x2 @ W.T, and its config: ("gemv", cfg) for a few tokens
     on long rows (gemv_kernel), ("small", cfg) for small layers with K up to 576
-    (small_kernel), ("gemm", cfg) for many tokens on large layers and past 128 tokens on
+    (small_kernel), ("gemm", cfg) for many tokens on large layers and at 129-256 tokens on
     the small layers small_kernel declines (gemm_kernel), else
     ("triton", cfg) for this module's kernel. The Gluon kernels need
     CUDA tensors (Gluon has no CPU interpreter) and addresses they can read as words or
