@@ -101,7 +101,7 @@ def test_fits_and_pick_config():
     assert not long.get("LOOKAHEAD")  # and no read-ahead
     assert gk.pick_config(16, 8192, 28672) is None  # few tokens: the Triton kernel
     assert gk.pick_config(256, 1536, 576) is None  # K = 576: not whole slots (small_kernel)
-    down = gk.pick_config(256, 576, 1536)  # SmolLM2's down projection past 128 tokens
+    down = gk.pick_config(256, 576, 1536)  # SmolLM2's down projection, 129-256 tokens
     assert down == _cfg(bm=32, g=8, X_STEPS=2, LOOKAHEAD=True)
     assert gk.pick_config(128, 576, 1536) is None  # up to 128 tokens: the Triton kernel
     assert gk.pick_config(257, 576, 1536) is None  # past 256 (not measured): the same
