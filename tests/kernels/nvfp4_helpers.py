@@ -1,5 +1,6 @@
 """Shared helpers for the NVFP4 tests."""
 
+import pytest
 import torch
 
 from libs.kernels.nvfp4 import reference
@@ -17,6 +18,14 @@ def block_with_anchor(values) -> torch.Tensor:
 
 def codes_of(packed: torch.Tensor) -> list[int]:
     return reference.unpack(packed).flatten().tolist()
+
+
+def gluon_kernel(name: str):
+    """The Gluon module libs.kernels.nvfp4.<name> for a GPU-only test module, which this
+    skips whole (call it at module level) where there is no CUDA or no Gluon."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA", allow_module_level=True)
+    return pytest.importorskip(f"libs.kernels.nvfp4.{name}")
 
 
 def cuda_weight(n: int, k: int, dtype: torch.dtype, seed: int, random_scales: bool = False):

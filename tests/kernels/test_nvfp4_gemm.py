@@ -10,15 +10,13 @@ from .nvfp4_helpers import (
     check_linear_exact,
     count_exact_on_shapes,
     cuda_weight,
+    gluon_kernel,
     repeated_launches,
 )
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
-
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA", allow_module_level=True)
-gk = pytest.importorskip("libs.kernels.nvfp4.gemm_kernel")
+gk = gluon_kernel("gemm_kernel")
 from libs.kernels.nvfp4 import linear_kernels as lk  # noqa: E402  (after the skip)
 
 

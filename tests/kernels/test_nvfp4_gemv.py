@@ -9,15 +9,13 @@ from .nvfp4_helpers import (
     check_linear_exact,
     count_exact_on_shapes,
     cuda_weight,
+    gluon_kernel,
     repeated_launches,
 )
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
-
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA", allow_module_level=True)
-gk = pytest.importorskip("libs.kernels.nvfp4.gemv_kernel")
+gk = gluon_kernel("gemv_kernel")
 
 CONFIGS = [
     dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, num_warps=4),

@@ -9,15 +9,13 @@ from .nvfp4_helpers import (
     check_linear_exact,
     count_exact_on_shapes,
     cuda_weight,
+    gluon_kernel,
     repeated_launches,
 )
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
-
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA", allow_module_level=True)
-sk = pytest.importorskip("libs.kernels.nvfp4.small_kernel")
+sk = gluon_kernel("small_kernel")
 
 # the picked configs first (CONFIGS[1] is 576 x 576 at M = 256), then the other warp count
 CONFIGS = [dict(BM=16, num_warps=4), dict(BM=32, num_warps=4), dict(BM=64, num_warps=4),

@@ -346,7 +346,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     k_steps = triton.cdiv(k, cfg["BLOCK_K"])
     if small:
         if m <= 16:
-            cfg["SPLIT_K"] = _small_layer_split(k_steps, tiles, sms, min_steps=2)
+            cfg["SPLIT_K"] = _small_layer_split(k_steps, tiles, sms)
         else:
             _small_layer_runs(cfg, k_steps)
         return cfg
@@ -359,15 +359,15 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     return cfg
 
 
-def _small_layer_split(k_steps: int, tiles: int, sms: int, min_steps: int) -> int:
+def _small_layer_split(k_steps: int, tiles: int, sms: int) -> int:
     """SPLIT_K for a layer of under 2^22 weights (SmolLM2's) at up to 16 tokens: the largest
-    number of whole runs of at least min_steps K steps that keeps to about four programs an
+    number of whole runs of at least two K steps that keeps to about four programs an
     SM. Large-layer tiles leave most SMs idle there, and a split need not be a power of
     two, only divide the steps (SmolLM2's 576 is nine 64-wide steps). From a sweep on an
     H200 (docs/notes/nvfp4-triton.md, session `gemm-lookahead`): runs of two (576 x 576 at
     M = 1: 4.9 against 5.4 us whole)."""
     return max(s for s in range(1, k_steps + 1)
-               if k_steps % s == 0 and (s == 1 or (k_steps // s >= min_steps
+               if k_steps % s == 0 and (s == 1 or (k_steps // s >= 2
                                                    and tiles * s <= 4 * sms)))
 
 
