@@ -17,12 +17,16 @@ pytestmark = pytest.mark.gpu
 CUDA = "cuda"
 sk = gluon_kernel("small_kernel")
 
-# the picked configs first (CONFIGS[1] is 576 x 576 at M = 256), then the other warp count
-CONFIGS = [dict(BM=16, num_warps=4), dict(BM=32, num_warps=4), dict(BM=64, num_warps=4),
-           dict(BM=16, num_warps=8), dict(BM=32, num_warps=8), dict(BM=64, num_warps=8)]
+# the picked configs first (CONFIGS[1] is 576 x 576 at M = 256), then every other warp
+# count and x path at each tile size
+PICKED = [dict(BM=16, num_warps=4, X_TMA=False), dict(BM=32, num_warps=8, X_TMA=True),
+          dict(BM=64, num_warps=8, X_TMA=True)]
+CONFIGS = PICKED + [dict(BM=bm, num_warps=w, X_TMA=t) for bm in (16, 32, 64) for w in (4, 8)
+                    for t in (False, True) if dict(BM=bm, num_warps=w, X_TMA=t) not in PICKED]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"bm{c['BM']}-w{c['num_warps']}")
+@pytest.mark.parametrize(
+    "cfg", CONFIGS, ids=lambda c: f"bm{c['BM']}-w{c['num_warps']}-{'tma' if c['X_TMA'] else 'reg'}")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_small_configs_match_exact(cfg, dtype):
     # K of 576 (SmolLM2), 64 (one chunk) and 320; N not a multiple of 64; M neither a
@@ -58,14 +62,24 @@ def test_small_does_not_write_past_m_or_n():
     check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
 
 
+def test_small_misaligned_x_goes_through_registers():
+    # a view starting one element into its rows: TMA cannot read it, the register path can
+    packed, scales, s2 = cuda_weight(576, 576, torch.bfloat16, seed=6)
+    wide = torch.randn(256, 584, device=CUDA, dtype=torch.bfloat16)
+    x = wide[:, 1:577]
+    assert not sk._tma_ready(x) and sk._tma_ready(wide[:, :576])
+    out = torch.full((256, 576), float("nan"), device=CUDA, dtype=torch.bfloat16)
+    sk.launch(x, packed, scales, s2, None, out, CONFIGS[1])
+    check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
+
+
 def test_fits_and_pick_config():
     assert sk.fits(17, 576, {}) and sk.fits(300, 64, {})
     assert not sk.fits(17, 640, {}) and not sk.fits(17, 200, {})  # past MAX_K, ragged K
-    assert sk.pick_config(256, 576, 576) == dict(BM=32, num_warps=4)  # 72 programs
-    assert sk.pick_config(64, 576, 576) == dict(BM=16, num_warps=4)
-    assert sk.pick_config(256, 1536, 576) == dict(BM=64, num_warps=4)  # 96 programs
-    assert sk.pick_config(1, 576, 576) == sk.pick_config(16, 1536, 576) == dict(BM=16,
-                                                                               num_warps=4)
+    assert sk.pick_config(256, 576, 576) == PICKED[1]  # 72 programs
+    assert sk.pick_config(64, 576, 576) == PICKED[0]
+    assert sk.pick_config(256, 1536, 576) == PICKED[2]  # 96 programs
+    assert sk.pick_config(1, 576, 576) == sk.pick_config(16, 1536, 576) == PICKED[0]
     assert sk.pick_config(256, 576, 1536) is None  # K = 1536: linear_kernels
     assert sk.pick_config(1024, 1536, 576) is None  # more than one wave even at BM = 64
     assert sk.pick_config(256, 4096, 4096) is None  # large layers: gemm_kernel

@@ -7,24 +7,30 @@ program of K steps, each a decode in registers and a wgmma it must wait for. Her
 program (one warpgroup, or two splitting the tokens) takes 64 weight rows and BM tokens
 over the whole K:
 
-- every load of the program (the weight words and block scales of all K, and its x tile)
-  is issued at once, so the program pays one memory latency;
+- every load of the program (the weight words and block scales of all K, its x tile, s2
+  and the bias) is issued at once, so the program pays one memory latency;
 - the 64 x K weights are decoded once (linear_kernels' word decode, 17 instructions per 8
-  weights) into shared memory, in a K order permuted inside each 4-byte word
-  ([lo b0, lo b1, lo b2, lo b3, hi b0, .., hi b3], the order the decode produces), and x
-  is stored in the same order, so the dot products are unchanged;
+  weights) into shared memory;
 - one barrier, then every wgmma of the program is issued back to back from shared memory,
   and waited for once.
 
+x reaches shared memory one of two ways (X_TMA):
+- tiles of 16 tokens load it into registers and store it permuted inside each 8-wide
+  group the way the decode leaves the weights ([lo b0, lo b1, lo b2, lo b3, hi b0, ..,
+  hi b3]), so the dot products are unchanged;
+- tiles of 32 or 64 tokens (two warpgroups) take it by TMA in K order and re-pair the
+  decoded halves into K order instead (4 more prmt a word): 576 x 576 at M = 256 in
+  4.07 us against 4.25, where x's 36 KB a program through registers took about as long
+  to arrive as the whole decode.
+
 BM is the smallest of 16, 32, 64 that keeps the programs to one wave (a program holds
 9 * (8 + BM / 8) KB of shared memory at K = 576). Measured on an H200
-(docs/notes/nvfp4-triton.md, session `small-wgmma`), three interleaved rounds against
-this kernel's `mma.sync` form of the session before (outputs bit-identical): 576 x 576 at
-M = 256 4.22 against 4.59 us (torch 3.74), at M = 64 3.76 against 3.93 (torch 3.65), at
-M = 1 3.59 against 3.81 (torch 3.58); 1536 x 576 at M = 256 5.28 against 6.08 (torch
-4.19). K = 1536 (SmolLM2's down projection) measured slower here, in phases of K through
-a ring of shared buffers (7.5-8.9 against the Triton kernel's 4.65-7.85 us), and stays
-there.
+(docs/notes/nvfp4-triton.md, sessions `small-wgmma` and `small-tma-x`), against torch in
+three interleaved rounds: 576 x 576 at M = 256 4.07 us (torch 3.75), at M = 64 3.69
+(3.65), at M = 1 3.54 (3.57); 1536 x 576 at M = 256 4.97 (4.18). K = 1536 (SmolLM2's down
+projection) measured slower here, in phases of K through a ring of shared buffers
+(7.5-8.9 against the Triton kernel's 4.65-7.85 us), and goes to gemm_kernel or the
+Triton kernel.
 
 Numerics equal linear_kernels' (the same exact decoded weights, fp32 accumulation, s2 and
 the power of two in the epilogue).
@@ -38,9 +44,12 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
+    mbarrier,
+    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gemv_kernel import (
     _SCALE_ASM_BF16,
@@ -48,7 +57,6 @@ from .gemv_kernel import (
     _WORD_ASM_BF16,
     _WORD_ASM_F16,
     _halves,
-    _store,
 )
 from .linear_kernels import _DECODE
 
@@ -60,7 +68,7 @@ MAX_K = 576  # SmolLM2's K (measured); more K holds more x in registers (spills 
 def layouts(bm: int, num_warps: int):
     """(words [64, 8] per K chunk of 64, x chunk [BM, 64], accumulator [64, BM]) register
     layouts, and the shared layout of a decoded weight chunk or x chunk. num_warps is 4
-    (picked) or 8 (the two warpgroups take half the tokens each; measured slower)."""
+    (one warpgroup) or 8 (the two warpgroups take half the tokens each)."""
     wl = gl.BlockedLayout([1, 2], [8, 4], [num_warps, 1], [1, 0])
     # x: 8 a thread where the tile has that many, else fewer, so no thread holds a copy
     per = max(2, min(8, bm * 64 // (32 * num_warps)))
@@ -72,9 +80,11 @@ def layouts(bm: int, num_warps: int):
 
 
 @gluon.jit
-def _decode_chunk(wd, sb, dtype: gl.constexpr):
+def _decode_chunk(wd, sb, dtype: gl.constexpr, NATURAL: gl.constexpr):
     """Words [64, 8] (int32) and each word's e4m3 block scale byte [64, 8] -> the [64, 64]
-    weights times their scale (pre-multiplied, as linear_kernels), in the permuted order."""
+    weights times their scale (pre-multiplied, as linear_kernels), in K order (NATURAL,
+    for x brought by TMA: 4 more prmt a word to re-pair the halves) or in the decode's
+    permuted order (x permuted to match on its way through registers)."""
     if dtype == gl.bfloat16:
         word_asm: gl.constexpr = _WORD_ASM_BF16
         scale_asm: gl.constexpr = _SCALE_ASM_BF16
@@ -91,7 +101,10 @@ def _decode_chunk(wd, sb, dtype: gl.constexpr):
         dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
     w = gl.join(gl.join(_halves(p0, dtype), _halves(p1, dtype)),
                 gl.join(_halves(p2, dtype), _halves(p3, dtype)))  # [64, word, e, p, n]
-    w = gl.permute(w, (0, 1, 4, 3, 2))  # [64, word, nibble, byte]
+    if NATURAL:
+        w = gl.permute(w, (0, 1, 3, 2, 4))  # [64, word, p, e, nibble]: K = 8 word + 4p + 2e + n
+    else:
+        w = gl.permute(w, (0, 1, 4, 3, 2))  # [64, word, nibble, byte]
     return gl.reshape(w, [wd.shape[0], 64])
 
 
@@ -104,11 +117,25 @@ def _permute_x(xt):
 
 
 @gluon.jit
+def _x_by_tma(x_desc, row, KC: gl.constexpr, SW: gl.constexpr):
+    """Start TMA copies of the x tile [BM, 64 KC] (rows past M arrive as zeros) into one
+    shared buffer per chunk; returns (the buffers, the barrier that says they arrived)."""
+    x_smem = gl.allocate_shared_memory(x_desc.dtype, [KC] + x_desc.block_type.shape, SW)
+    bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar.index(0), count=1)
+    fence_async_shared()
+    mbarrier.expect(bar.index(0), KC * x_desc.block_type.nbytes)
+    for c in gl.static_range(KC):
+        tma.async_copy_global_to_shared(x_desc, [row, c * 64], bar.index(0), x_smem.index(c))
+    return x_smem, bar
+
+
+@gluon.jit
 def _small_kernel(
-    x_ptr, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr,
+    x_ptr, x_desc, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr,
     M, N, stride_xm, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
-    OUT_LOG2: gl.constexpr,
+    OUT_LOG2: gl.constexpr, X_TMA: gl.constexpr,
     WL: gl.constexpr, XL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr,
 ):
     pid_n = gl.program_id(0)
@@ -123,13 +150,22 @@ def _small_kernel(
     toks = gl.minimum(pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, XL)), M - 1)
     x_ptrs = (x_ptr + toks[:, None].to(gl.int64) * stride_xm
               + gl.arange(0, 64, layout=gl.SliceLayout(0, XL))[None, :])
+    # The epilogue's global operands too: loaded there, they cost one more memory latency
+    # after the last wgmma (576 x 576 at M = 64: 3.69 against 3.77 us).
+    out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
+    s2 = gl.load(s2_ptr)
+    if HAS_BIAS:
+        bias = gl.load(bias_ptr + out_rows, mask=out_rows < N, other=0.0).to(gl.float32)
     words = ()
     scales = ()
     xs = ()
     for c in gl.static_range(KC):  # every load in flight before the first is used
         words = words + (gl.load(w_ptrs + c * 8),)
         scales = scales + (gl.load(s_ptrs + c * 4),)
-        xs = xs + (gl.load(x_ptrs + c * 64),)
+        if not X_TMA:
+            xs = xs + (gl.load(x_ptrs + c * 64),)
+    if X_TMA:  # issued after the weights' loads, which the decode waits for first
+        x_smem, x_bar = _x_by_tma(x_desc, pid_m * BM, KC, SW)
     # This barrier keeps the compiler from sinking each load down to its use, and one
     # shared allocation per chunk keeps it from putting a barrier between the chunks'
     # stores (it cannot tell index(c) from index(c + 1) of one allocation apart): 576 x 576
@@ -139,19 +175,29 @@ def _small_kernel(
     x_bufs = ()
     for c in gl.static_range(KC):
         w_bufs = w_bufs + (gl.allocate_shared_memory(
-            dtype, [BN, 64], SW, _decode_chunk(words[c], scales[c], dtype)),)
-        x_bufs = x_bufs + (gl.allocate_shared_memory(dtype, [BM, 64], SW,
-                                                     _permute_x(xs[c])),)
+            dtype, [BN, 64], SW, _decode_chunk(words[c], scales[c], dtype, X_TMA)),)
+        if X_TMA:
+            x_bufs = x_bufs + (x_smem.index(c),)
+        else:
+            x_bufs = x_bufs + (gl.allocate_shared_memory(dtype, [BM, 64], SW,
+                                                         _permute_x(xs[c])),)
     fence_async_shared()  # the generic stores above before wgmma's async reads
     gl.thread_barrier()
+    if X_TMA:
+        mbarrier.wait(x_bar.index(0), 0)
     acc = gl.zeros([BN, BM], gl.float32, ACC)
     for c in gl.static_range(KC):
         acc = warpgroup_mma(w_bufs[c], x_bufs[c].permute((1, 0)), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(acc,))
-    out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
+    if X_TMA:
+        mbarrier.invalidate(x_bar.index(0))
+    y = (acc * (2.0**OUT_LOG2)) * s2  # the power of two is exact
+    if HAS_BIAS:
+        y += bias[:, None]
     out_toks = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC))
-    _store(acc, out_rows, out_toks, s2_ptr, bias_ptr, out_ptr, N, M, stride_om, HAS_BIAS,
-           OUT_LOG2)
+    ptrs = out_ptr + out_toks[None, :].to(gl.int64) * stride_om + out_rows[:, None]
+    gl.store(ptrs, y.to(out_ptr.dtype.element_ty),
+             mask=(out_rows < N)[:, None] & (out_toks < M)[None, :])
 
 
 def fits(m: int, k: int, cfg: dict) -> bool:
@@ -169,34 +215,46 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     kernel runs instead: layers of 2^22 weights or more, K past MAX_K or not a multiple of
     64, and token counts that would take more than one wave at BM = 64.
 
-    From sweeps on an H200 (sessions `small-pipelines` and `small-wgmma`):
+    From sweeps on an H200 (sessions `small-pipelines`, `small-wgmma`, `small-tma-x`):
     - BM is the smallest of 16, 32, 64 whose programs fit in one wave: 576 x 576 at
       M = 256 4.22 us with 32 (72 programs) against 5.11 with 64; 1536 x 576 at M = 256
       6.08 with 64 (96 programs) against 7.41 with 32 (192, mma.sync form);
-    - 4 warps (one warpgroup): 8, splitting the tokens, measured 0.2-0.4 us slower at every
-      shape and M of the sweep (576 x 576 at M = 256 4.46 against 4.22);
+    - tiles of 32 or 64 tokens take x by TMA (X_TMA) on two warpgroups, which split the
+      tokens: 576 x 576 at M = 256 4.07 against 4.25 us for x through registers on one
+      warpgroup, 1536 x 576 at M = 256 4.97 against 5.31 (torch 3.75 / 4.18). Tiles of 16
+      keep x through registers on one warpgroup: there x by TMA measured 0.1-0.2 us slower
+      (576 x 576 at M = 64: 3.81 against 3.69);
     - at up to 16 tokens it beats the Triton kernel's split K: 576 x 576 at M = 1 / 16
       3.59 / 3.86 us, where the Triton kernel took 4.86 / 4.90 (torch 3.58 / 3.66)."""
     if n * k >= 2**22 or not fits(m, k, {}):
         return None
     for bm in (16, 32, 64):
         if triton.cdiv(n, BN) * triton.cdiv(m, bm) <= sms:
-            return dict(BM=bm, num_warps=4)
+            return dict(BM=bm, num_warps=4 if bm == 16 else 8, X_TMA=bm > 16)
     return None
 
 
+def _tma_ready(x2: torch.Tensor) -> bool:
+    """Whether x makes a TMA descriptor: 16-byte aligned base and row stride."""
+    return x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0
+
+
 def launch(x2, packed, scales, s2, bias, out, cfg):
-    """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BM, num_warps); requires
-    fits(M, K, cfg) and unit strides along K."""
+    """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BM, num_warps, X_TMA); requires
+    fits(M, K, cfg) and unit strides along K. An x that TMA cannot read (a misaligned
+    view) goes through registers instead."""
     m, k = x2.shape
     n = packed.shape[0]
     assert fits(m, k, cfg), (m, k, cfg)
-    wl, xl, acc, sw = layouts(cfg["BM"], cfg["num_warps"])
+    bm = cfg["BM"]
+    wl, xl, acc, sw = layouts(bm, cfg["num_warps"])
+    x_tma = cfg.get("X_TMA", False) and _tma_ready(x2)
+    x_desc = TensorDescriptor.from_tensor(x2, [bm, 64], sw) if x_tma else x2
     words = packed.view(torch.int32)
-    _small_kernel[(triton.cdiv(n, BN), triton.cdiv(m, cfg["BM"]))](
-        x2, words, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
-        m, n, x2.stride(0), words.stride(0), scales.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BN=BN, BM=cfg["BM"], KC=k // 64,
-        OUT_LOG2=_DECODE[x2.dtype][1],
+    _small_kernel[(triton.cdiv(n, BN), triton.cdiv(m, bm))](
+        x2, x_desc, words, scales.view(torch.uint8), s2, bias if bias is not None else out,
+        out, m, n, x2.stride(0), words.stride(0), scales.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, BN=BN, BM=bm, KC=k // 64,
+        OUT_LOG2=_DECODE[x2.dtype][1], X_TMA=x_tma,
         WL=wl, XL=xl, ACC=acc, SW=sw, num_warps=cfg["num_warps"])
     return out
