@@ -20,7 +20,7 @@ sk = gluon_kernel("small_kernel")
 # the picked configs first (CONFIGS[1] is 576 x 576 at M = 256), then every other warp
 # count and x path at each tile size
 PICKED = [dict(BM=16, num_warps=4, X_TMA=False), dict(BM=32, num_warps=8, X_TMA=True),
-          dict(BM=64, num_warps=8, X_TMA=True)]
+          dict(BM=64, num_warps=4, X_TMA=True)]
 CONFIGS = PICKED + [dict(BM=bm, num_warps=w, X_TMA=t) for bm in (16, 32, 64) for w in (4, 8)
                     for t in (False, True) if dict(BM=bm, num_warps=w, X_TMA=t) not in PICKED]
 

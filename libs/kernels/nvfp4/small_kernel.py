@@ -18,10 +18,10 @@ x reaches shared memory one of two ways (X_TMA):
 - tiles of 16 tokens load it into registers and store it permuted inside each 8-wide
   group the way the decode leaves the weights ([lo b0, lo b1, lo b2, lo b3, hi b0, ..,
   hi b3]), so the dot products are unchanged;
-- tiles of 32 or 64 tokens (two warpgroups) take it by TMA in K order and re-pair the
-  decoded halves into K order instead (4 more prmt a word): 576 x 576 at M = 256 in
-  4.07 us against 4.25, where x's 36 KB a program through registers took about as long
-  to arrive as the whole decode.
+- tiles of 32 or 64 tokens take it by TMA in K order and re-pair the decoded halves
+  into K order instead (4 more prmt a word): 576 x 576 at M = 256 in 4.07 us against
+  4.25, where x's 36 KB a program through registers took about as long to arrive as the
+  whole decode.
 
 BM is the smallest of 16, 32, 64 that keeps the programs to one wave (a program holds
 9 * (8 + BM / 8) KB of shared memory at K = 576). Measured on an H200
@@ -219,18 +219,21 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     - BM is the smallest of 16, 32, 64 whose programs fit in one wave: 576 x 576 at
       M = 256 4.22 us with 32 (72 programs) against 5.11 with 64; 1536 x 576 at M = 256
       6.08 with 64 (96 programs) against 7.41 with 32 (192, mma.sync form);
-    - tiles of 32 or 64 tokens take x by TMA (X_TMA) on two warpgroups, which split the
-      tokens: 576 x 576 at M = 256 4.07 against 4.25 us for x through registers on one
-      warpgroup, 1536 x 576 at M = 256 4.97 against 5.31 (torch 3.75 / 4.18). Tiles of 16
-      keep x through registers on one warpgroup: there x by TMA measured 0.1-0.2 us slower
-      (576 x 576 at M = 64: 3.81 against 3.69);
+    - tiles of 32 or 64 tokens take x by TMA (X_TMA): 576 x 576 at M = 256 4.07 against
+      4.25 us for x through registers, 1536 x 576 at M = 256 4.97 against 5.31 (torch 3.75
+      / 4.18). Tiles of 16 keep x through registers: there x by TMA measured 0.1-0.2 us
+      slower (576 x 576 at M = 64: 3.81 against 3.69);
+    - 32-token tiles run on two warpgroups, which split the tokens and the decode (576 x
+      576 at M = 256: 4.12 against 4.21 us on one); 64-token tiles on one (1536 x 576 at
+      M = 256: 4.77 against 4.96 us on two), where the two warpgroups' wgmmas would each
+      read all the decoded weights from shared memory again;
     - at up to 16 tokens it beats the Triton kernel's split K: 576 x 576 at M = 1 / 16
       3.59 / 3.86 us, where the Triton kernel took 4.86 / 4.90 (torch 3.58 / 3.66)."""
     if n * k >= 2**22 or not fits(m, k, {}):
         return None
     for bm in (16, 32, 64):
         if triton.cdiv(n, BN) * triton.cdiv(m, bm) <= sms:
-            return dict(BM=bm, num_warps=4 if bm == 16 else 8, X_TMA=bm > 16)
+            return dict(BM=bm, num_warps=8 if bm == 32 else 4, X_TMA=bm > 16)
     return None
 
 
