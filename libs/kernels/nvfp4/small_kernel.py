@@ -27,7 +27,7 @@ BM is the smallest of 16, 32, 64 that keeps the programs to one wave (a program 
 9 * (8 + BM / 8) KB of shared memory at K = 576). Measured on an H200
 (docs/notes/nvfp4-triton.md, sessions `small-wgmma` and `small-tma-x`), against torch in
 three interleaved rounds: 576 x 576 at M = 256 4.07 us (torch 3.75), at M = 64 3.69
-(3.65), at M = 1 3.54 (3.57); 1536 x 576 at M = 256 4.97 (4.18). K = 1536 (SmolLM2's down
+(3.65), at M = 1 3.54 (3.57); 1536 x 576 at M = 256 4.77 (4.24). K = 1536 (SmolLM2's down
 projection) measured slower here, in phases of K through a ring of shared buffers
 (7.5-8.9 against the Triton kernel's 4.65-7.85 us), and goes to gemm_kernel or the
 Triton kernel.
@@ -220,7 +220,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
       M = 256 4.22 us with 32 (72 programs) against 5.11 with 64; 1536 x 576 at M = 256
       6.08 with 64 (96 programs) against 7.41 with 32 (192, mma.sync form);
     - tiles of 32 or 64 tokens take x by TMA (X_TMA): 576 x 576 at M = 256 4.07 against
-      4.25 us for x through registers, 1536 x 576 at M = 256 4.97 against 5.31 (torch 3.75
+      4.25 us for x through registers, 1536 x 576 at M = 256 4.97 against 5.32 (torch 3.75
       / 4.18). Tiles of 16 keep x through registers: there x by TMA measured 0.1-0.2 us
       slower (576 x 576 at M = 64: 3.81 against 3.69);
     - 32-token tiles run on two warpgroups, which split the tokens and the decode (576 x
