@@ -44,7 +44,7 @@ gemv_kernel.py (a Gluon `mma.sync` GEMV without that per-step chain: ~45 us on 8
 warp-specialized Gluon GEMM whose MMA warpgroup decodes into wgmma's register operand while
 its previous wgmma runs: ~155 us at M = 256, torch 171-175 us; 75 us at M = 64, torch
 128-142 us), layers under 2^22 weights with K up to 576 to small_kernel.py (one decode
-per tile into shared memory, then wgmma: SmolLM2's 576 x 576 at M = 256 in ~4.2 us
+per tile into shared memory, then wgmma: SmolLM2's 576 x 576 at M = 256 in ~4.1 us
 against ~5.6 us here, at M = 1 ~3.6 against ~4.9 us), and at 129-256 tokens the small
 layers it declines (SmolLM2's down projection, K = 1536) to gemm_kernel.py as well
 (~6.5 against ~7.8 us at M = 256); everything else runs here.
