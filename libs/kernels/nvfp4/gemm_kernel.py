@@ -343,12 +343,17 @@ def fits(m: int, k: int, cfg: dict) -> bool:
     return k % (cfg["G"] * cfg["BK"] * cfg.get("SPLIT_K", 1)) == 0
 
 
+def tma_ready(t: torch.Tensor) -> bool:
+    """Whether a 2-D tensor makes a TMA descriptor: 16-byte aligned base and row stride,
+    unit stride along the row."""
+    return (t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.stride(-1) == 1)
+
+
 def viewable(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
              out: torch.Tensor) -> bool:
-    """Whether x, the packed weights, their scales and out make TMA descriptors: 16-byte
-    aligned bases and row strides."""
-    return all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
-               and t.stride(-1) == 1 for t in (x2, packed, scales, out))
+    """Whether x, the packed weights, their scales and out all make TMA descriptors."""
+    return all(tma_ready(t) for t in (x2, packed, scales, out))
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg):

@@ -195,13 +195,33 @@ def _mma_step(wd, sp, xt, acc, WL: gl.constexpr, MMA: gl.constexpr):
 
 
 @gluon.jit
-def _store(acc, rows, toks, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
-           HAS_BIAS: gl.constexpr, OUT_LOG2: gl.constexpr):
-    y = (acc * (2.0**OUT_LOG2)) * gl.load(s2_ptr)  # the power of two is exact
+def _load_s2_bias(s2_ptr, bias_ptr, rows, N, HAS_BIAS: gl.constexpr):
+    """The epilogue's global operands: s2, and the bias of `rows` in fp32 (without a bias,
+    s2 stands in for it and is never read as one)."""
+    s2 = gl.load(s2_ptr)
     if HAS_BIAS:
-        y += gl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(gl.float32)[:, None]
+        bias = gl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(gl.float32)
+    else:
+        bias = s2
+    return s2, bias
+
+
+@gluon.jit
+def _store_scaled(acc, rows, toks, s2, bias, out_ptr, N, M, stride_om,
+                  HAS_BIAS: gl.constexpr, OUT_LOG2: gl.constexpr):
+    """out[toks, rows] = acc * 2^OUT_LOG2 * s2 (+ bias), masked to M and N."""
+    y = (acc * (2.0**OUT_LOG2)) * s2  # the power of two is exact
+    if HAS_BIAS:
+        y += bias[:, None]
     ptrs = out_ptr + toks[None, :].to(gl.int64) * stride_om + rows[:, None]
     gl.store(ptrs, y.to(out_ptr.dtype.element_ty), mask=(rows < N)[:, None] & (toks < M)[None, :])
+
+
+@gluon.jit
+def _store(acc, rows, toks, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
+           HAS_BIAS: gl.constexpr, OUT_LOG2: gl.constexpr):
+    s2, bias = _load_s2_bias(s2_ptr, bias_ptr, rows, N, HAS_BIAS)
+    _store_scaled(acc, rows, toks, s2, bias, out_ptr, N, M, stride_om, HAS_BIAS, OUT_LOG2)
 
 
 @gluon.jit

@@ -51,12 +51,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .gemm_kernel import tma_ready as _tma_ready  # x by TMA where x allows it
 from .gemv_kernel import (
     _SCALE_ASM_BF16,
     _SCALE_ASM_F16,
     _WORD_ASM_BF16,
     _WORD_ASM_F16,
     _halves,
+    _load_s2_bias,
+    _store_scaled,
 )
 from .linear_kernels import _DECODE
 
@@ -153,9 +156,7 @@ def _small_kernel(
     # The epilogue's global operands too: loaded there, they cost one more memory latency
     # after the last wgmma (576 x 576 at M = 64: 3.69 against 3.77 us).
     out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, ACC))
-    s2 = gl.load(s2_ptr)
-    if HAS_BIAS:
-        bias = gl.load(bias_ptr + out_rows, mask=out_rows < N, other=0.0).to(gl.float32)
+    s2, bias = _load_s2_bias(s2_ptr, bias_ptr, out_rows, N, HAS_BIAS)
     words = ()
     scales = ()
     xs = ()
@@ -191,13 +192,9 @@ def _small_kernel(
     acc = warpgroup_mma_wait(0, deps=(acc,))
     if X_TMA:
         mbarrier.invalidate(x_bar.index(0))
-    y = (acc * (2.0**OUT_LOG2)) * s2  # the power of two is exact
-    if HAS_BIAS:
-        y += bias[:, None]
     out_toks = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, ACC))
-    ptrs = out_ptr + out_toks[None, :].to(gl.int64) * stride_om + out_rows[:, None]
-    gl.store(ptrs, y.to(out_ptr.dtype.element_ty),
-             mask=(out_rows < N)[:, None] & (out_toks < M)[None, :])
+    _store_scaled(acc, out_rows, out_toks, s2, bias, out_ptr, N, M, stride_om, HAS_BIAS,
+                  OUT_LOG2)
 
 
 def fits(m: int, k: int, cfg: dict) -> bool:
@@ -235,11 +232,6 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
         if triton.cdiv(n, BN) * triton.cdiv(m, bm) <= sms:
             return dict(BM=bm, num_warps=8 if bm == 32 else 4, X_TMA=bm > 16)
     return None
-
-
-def _tma_ready(x2: torch.Tensor) -> bool:
-    """Whether x makes a TMA descriptor: 16-byte aligned base and row stride."""
-    return x2.data_ptr() % 16 == 0 and (x2.stride(0) * x2.element_size()) % 16 == 0
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
