@@ -26,39 +26,53 @@ CONFIGS = [
     dict(BN=64, BM=8, NBYTES=16, SPLIT_K=2, num_warps=2),
     dict(BN=128, BM=16, NBYTES=16, SPLIT_K=2, num_warps=8),
 ]
+# one token, K sliced across the warps (the picks at 2048-4096 rows, and 2 and 4 slices
+# of 32 rows a program)
+SLICED = [
+    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, SLICES=8, num_warps=8),
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, SLICES=4, num_warps=4),
+    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, SLICES=4, num_warps=4),
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, SLICES=2, num_warps=2),
+]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
+@pytest.mark.parametrize("cfg", CONFIGS + SLICED,
+                         ids=lambda c: "-".join(str(v) for v in c.values()))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemv_configs_match_exact(cfg, dtype):
-    shapes = ((384, 2048, 1), (200, 4096, 3), (1000, 2048, cfg["BM"]), (64, 8192, 2))
+    # N not a multiple of the program's rows; one token (with a bias) on every config
+    shapes = ((384, 2048, 1), (200, 4096, 3), (1000, 2048, cfg["BM"]), (64, 8192, 2),
+              (1000, 8192, 1), (40, 4096, 1))
     ran = count_exact_on_shapes(gk, cfg, shapes, dtype)
     assert ran >= 2, cfg  # every config meets at least two of the shapes
 
 
+@pytest.mark.parametrize("cfg", [CONFIGS[1], SLICED[1]], ids=["split", "sliced"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gemv_every_scale_code_and_byte(dtype):
-    cfg = CONFIGS[1]
+def test_gemv_every_scale_code_and_byte(cfg, dtype):
     packed, scales, s2 = cuda_weight(256, 4096, dtype, seed=3, random_scales=True)
-    x = torch.randn(5, 4096, device=CUDA).to(dtype)
-    out = torch.empty(5, 256, device=CUDA, dtype=dtype)
+    m = 1 if cfg.get("SLICES") else 5
+    x = torch.randn(m, 4096, device=CUDA).to(dtype)
+    out = torch.empty(m, 256, device=CUDA, dtype=dtype)
     gk.launch(x, packed, scales, s2, None, out, cfg)
     check_linear_exact(out, x, packed, scales, s2, None, dtype)
 
 
-def test_gemv_is_deterministic_and_leaves_counters_clean():
-    outs = repeated_launches(gk, CONFIGS[1], n=512, k=4096, m=1)
+@pytest.mark.parametrize("cfg", [CONFIGS[1], SLICED[0]], ids=["split", "sliced"])
+def test_gemv_is_deterministic_and_leaves_counters_clean(cfg):
+    outs = repeated_launches(gk, cfg, n=512, k=4096, m=1)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
-def test_gemv_does_not_write_past_m_or_n():
-    cfg = CONFIGS[0]
+@pytest.mark.parametrize("cfg", [CONFIGS[0], SLICED[1]], ids=["split", "sliced"])
+def test_gemv_does_not_write_past_m_or_n(cfg):
+    m = 1 if cfg.get("SLICES") else 3
     packed, scales, s2 = cuda_weight(100, 2048, torch.bfloat16, seed=5)
-    x = torch.randn(3, 2048, device=CUDA, dtype=torch.bfloat16)
+    x = torch.randn(m, 2048, device=CUDA, dtype=torch.bfloat16)
     big = torch.full((8, 128), 7.0, device=CUDA, dtype=torch.bfloat16)
-    out = big[:3, :100]  # row stride 128: anything written past n or m shows in big
+    out = big[:m, :100]  # row stride 128: anything written past n or m shows in big
     gk.launch(x, packed, scales, s2, None, out, cfg)
-    assert (big[3:] == 7).all() and (big[:, 100:] == 7).all()
+    assert (big[m:] == 7).all() and (big[:, 100:] == 7).all()
     check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
 
 
@@ -70,6 +84,15 @@ def test_fits_and_pick_config():
     assert gk.pick_config(1, 8192, 28672) == dict(BN=128, BM=8, NBYTES=16, SPLIT_K=4,
                                                   num_warps=8)
     assert gk.pick_config(8, 4096, 4096)["SPLIT_K"] == 8
+    # one token on 2048-4096 rows: K sliced across the warps
+    assert gk.pick_config(1, 4096, 4096) == SLICED[1]
+    assert gk.pick_config(1, 2048, 4096) == SLICED[0]
+    assert gk.pick_config(1, 2048, 6144)["SLICES"] == 4  # 6144 is not 8 slices of 512
+    assert "SLICES" not in gk.pick_config(1, 8192, 8192)  # 512 programs: split K
+    assert "SLICES" not in gk.pick_config(2, 4096, 4096)
+    sliced = dict(SLICED[0])
+    assert gk.fits(1, 4096, sliced) and not gk.fits(2, 4096, sliced)
+    assert not gk.fits(1, 2048, sliced)  # 8 slices of 256: not four chunks each
     assert gk.pick_config(9, 4096, 4096) is None  # more tokens: linear_kernels
     assert gk.pick_config(1, 576, 1536) is None  # small layers: linear_kernels
     assert gk.pick_config(1, 4096, 4160) is None  # K not a multiple of 512

@@ -16,6 +16,14 @@ be chosen, so here:
   four K chunks of weights and scales are in flight per warp, x one chunk ahead;
 - the e4m3 block scales are converted two at a time (`cvt.rn.f16x2.e4m3x2`).
 
+Long rows are split in K across programs (SPLIT_K), the last program of a tile summing the
+partials from a workspace. For one token on mid-sized layers the split is inside the
+program instead (SLICES): each warp takes one K slice of the same 16 rows, and x's slices
+ride in the MMA's 8 columns (at M = 1 seven of them were idle), so warp j's accumulator
+column j is its slice's partial sum. One in-program reduction replaces the workspace
+round trip and the atomic counter: 4096 x 4096 at M = 1 in 7.1 against 8.0 us (session
+`gemv-slices`).
+
 Measured on an H200 (docs/notes/nvfp4-triton.md, session `gluon-gemv`): 8192 x 28672 at
 M = 1 in ~45-48 us against ~60 us for the Triton kernel and ~111-116 us for torch's bf16
 GEMV (2.3-2.5x). ncu: 46 us, DRAM 61% busy, issue slots 50% busy, 15 warps per SM (100
@@ -228,9 +236,9 @@ def _store(acc, rows, toks, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
 def _gemv_kernel(
     x_ptr, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N, stride_xm, stride_w, stride_s, stride_om,  # w in int32 words, s in int16 pairs
-    k_iters,  # K chunks (of 8 * NBYTES elements) per split, a multiple of 4
+    k_iters,  # K chunks (of 8 * NBYTES elements) per split or slice, a multiple of 4
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NBYTES: gl.constexpr,
-    SPLIT_K: gl.constexpr, OUT_LOG2: gl.constexpr,
+    SPLIT_K: gl.constexpr, SLICES: gl.constexpr, OUT_LOG2: gl.constexpr,
     WL: gl.constexpr, SL: gl.constexpr, XL: gl.constexpr, MMA: gl.constexpr,
 ):
     pid_n = gl.program_id(0)
@@ -238,18 +246,22 @@ def _gemv_kernel(
     WS: gl.constexpr = NBYTES  # int32 words per weight row per chunk (4 threads)
     SS: gl.constexpr = NBYTES // 4  # int16 scale pairs per weight row per chunk
     XS: gl.constexpr = 8 * NBYTES  # x elements per chunk
-    k0 = pid_k * k_iters * XS  # first K index of this split
+    k_len = k_iters * XS  # K elements per split or slice
     # Rows past N re-read row N - 1 and tokens past M re-read token M - 1 (neither is
     # stored), so the loop's loads need no masks.
-    rows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)
-    w_ptrs = (w_ptr + rows[:, None].to(gl.int64) * stride_w
-              + (k0 // 8 + gl.arange(0, WS, layout=gl.SliceLayout(0, WL)))[None, :])
-    srows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, SL)), N - 1)
-    s_ptrs = (s_ptr + srows[:, None].to(gl.int64) * stride_s
-              + (k0 // 32 + gl.arange(0, SS, layout=gl.SliceLayout(0, SL)))[None, :])
-    toks = gl.minimum(gl.arange(0, BM, layout=gl.SliceLayout(1, XL)), M - 1)
-    x_ptrs = (x_ptr + toks[:, None].to(gl.int64) * stride_xm
-              + (k0 + gl.arange(0, XS, layout=gl.SliceLayout(0, XL)))[None, :])
+    rows, k0 = _rows_and_k0(pid_n, pid_k, k_len, N, BN, SLICES, WL)
+    w_ptrs = (w_ptr + rows[:, None].to(gl.int64) * stride_w + (k0 // 8)[:, None]
+              + gl.arange(0, WS, layout=gl.SliceLayout(0, WL))[None, :])
+    srows, sk0 = _rows_and_k0(pid_n, pid_k, k_len, N, BN, SLICES, SL)
+    s_ptrs = (s_ptr + srows[:, None].to(gl.int64) * stride_s + (sk0 // 32)[:, None]
+              + gl.arange(0, SS, layout=gl.SliceLayout(0, SL))[None, :])
+    toks = gl.arange(0, BM, layout=gl.SliceLayout(1, XL))
+    if SLICES == 1:
+        x_ptrs = (x_ptr + gl.minimum(toks, M - 1)[:, None].to(gl.int64) * stride_xm
+                  + (pid_k * k_len + gl.arange(0, XS, layout=gl.SliceLayout(0, XL)))[None, :])
+    else:  # the one token's K slices as the MMA's columns
+        x_ptrs = (x_ptr + gl.minimum(toks, SLICES - 1)[:, None] * k_len
+                  + gl.arange(0, XS, layout=gl.SliceLayout(0, XL))[None, :])
 
     # Four weight chunks in flight (w0..w3 with their scales), x one chunk ahead (it comes
     # from L1: every program with this split reads the same x).
@@ -291,8 +303,48 @@ def _gemv_kernel(
     acc = _mma_step(w2, sc2, xa, acc, WL, MMA)
     acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
 
-    _finish(acc, pid_n, pid_k, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, stride_om,
-            HAS_BIAS, BN, BM, SPLIT_K, OUT_LOG2, MMA)
+    if SLICES == 1:
+        _finish(acc, pid_n, pid_k, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, N, M,
+                stride_om, HAS_BIAS, BN, BM, SPLIT_K, OUT_LOG2, MMA)
+    else:
+        _finish_slices(acc, pid_n, s2_ptr, bias_ptr, out_ptr, N, HAS_BIAS, BN, SLICES,
+                       OUT_LOG2, MMA)
+
+
+@gluon.jit
+def _rows_and_k0(pid_n, pid_k, k_len, N, BN: gl.constexpr, SLICES: gl.constexpr,
+                 L: gl.constexpr):
+    """For each of the tile's BN rows (layout L): the weight row it reads and its first K
+    index. Without slices, rows pid_n * BN + i from this split's start. With SLICES, row i
+    is weight row 16 (i // (16 SLICES)) + i % 16 of the program's BN / SLICES and reads K
+    slice (i // 16) % SLICES: each warp's 16 rows are one slice."""
+    i = gl.arange(0, BN, layout=gl.SliceLayout(1, L))
+    if SLICES == 1:
+        return gl.minimum(pid_n * BN + i, N - 1), i * 0 + pid_k * k_len
+    else:
+        row = pid_n * (BN // SLICES) + (i // (16 * SLICES)) * 16 + i % 16
+        return gl.minimum(row, N - 1), ((i // 16) % SLICES) * k_len
+
+
+@gluon.jit
+def _finish_slices(acc, pid_n, s2_ptr, bias_ptr, out_ptr, N, HAS_BIAS: gl.constexpr,
+                   BN: gl.constexpr, SLICES: gl.constexpr, OUT_LOG2: gl.constexpr,
+                   L: gl.constexpr):
+    """Sum each weight row's slices and write the one output token. Row i of the tile
+    (slice (i // 16) % SLICES) holds its partial sum in MMA column (its slice): the other
+    columns multiplied the other slices' x and are dropped."""
+    i = gl.arange(0, BN, layout=gl.SliceLayout(1, L))
+    col = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, L))
+    part = gl.sum(gl.where(((i // 16) % SLICES)[:, None] == col[None, :], acc, 0.0), axis=1)
+    NWARPS: gl.constexpr = gl.num_warps()
+    flat: gl.constexpr = gl.BlockedLayout([1], [32], [NWARPS], [0])
+    part = gl.reshape(gl.convert_layout(part, flat), [BN // (16 * SLICES), SLICES, 16])
+    total = gl.convert_layout(gl.reshape(gl.sum(part, axis=1), [BN // SLICES]), flat)
+    rows = pid_n * (BN // SLICES) + gl.arange(0, BN // SLICES, layout=flat)
+    y = total * (2.0**OUT_LOG2) * gl.load(s2_ptr)  # as _store_scaled
+    if HAS_BIAS:
+        y += gl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(gl.float32)
+    gl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
 @gluon.jit
@@ -331,12 +383,23 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     kernel is used instead: more than 8 tokens, layers under 2^23 weights, K not a
     multiple of 512. From `python -m bench.nvfp4_kernels_bench --linear-only --tune
     --tune-m 1` and sweeps of the same configs on more shapes on an H200
-    (docs/notes/nvfp4-triton.md, session `gluon-gemv`): 128 rows on 8 warps per program and
-    K split until there are about two programs (16 warps) per SM measured best or within 3%
-    of best at M = 1 on 8192 x 28672, 28672 x 8192, 4096 x 4096, 2048 x 4096 and 1024 x
-    8192; 16 tokens (two MMA columns of 8) measured slower than the Triton kernel."""
+    (docs/notes/nvfp4-triton.md, sessions `gluon-gemv` and `gemv-slices`):
+    - one token on 2048 to 4096 rows: K split across the warps of a program (SLICES), 16
+      rows a program, 8 warps under 4096 rows, 4 at 4096 (about 8 warps per SM): 4096 x
+      4096 in 7.1 against 8.1 us for the split-K form, 2048 x 4096 5.1 against 6.3. It
+      lost on 1024 rows (64 programs) and on 8192 and more (6.9 against 6.4 us, 17.9
+      against 17.6);
+    - otherwise 128 rows on 8 warps per program and K split until there are about two
+      programs (16 warps) per SM: best or within 3% of best at M = 1 on 8192 x 28672,
+      28672 x 8192, 4096 x 4096, 2048 x 4096 and 1024 x 8192; 16 tokens (two MMA columns
+      of 8) measured slower than the Triton kernel."""
     if m > 8 or n * k < 2**23:
         return None
+    if m == 1 and 2048 <= n <= 4096:
+        for w in (8, 4) if n < 4096 else (4,):
+            cfg = dict(BN=16 * w, BM=8, NBYTES=16, SPLIT_K=1, SLICES=w, num_warps=w)
+            if fits(m, k, cfg):
+                return cfg
     cfg = dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8)
     if not fits(m, k, cfg):
         return None
@@ -355,20 +418,26 @@ def viewable(packed: torch.Tensor, scales: torch.Tensor) -> bool:
 
 
 def fits(m: int, k: int, cfg: dict) -> bool:
-    """Whether the Gluon GEMV handles this call: few tokens and whole chunks per split."""
-    return m <= cfg["BM"] and k % (32 * cfg["NBYTES"] * cfg["SPLIT_K"]) == 0
+    """Whether the Gluon GEMV handles this call: few tokens (one where K is sliced across
+    warps) and whole chunks per split or slice."""
+    slices = cfg.get("SLICES", 1)
+    return (m <= (1 if slices > 1 else cfg["BM"])
+            and k % (32 * cfg["NBYTES"] * cfg["SPLIT_K"] * slices) == 0)
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, BM, NBYTES, SPLIT_K,
-    num_warps); requires fits(M, K, cfg) and unit strides along K."""
+    num_warps, optional SLICES); requires fits(M, K, cfg) and unit strides along K."""
     m, k = x2.shape
     n = packed.shape[0]
     bn, bm, nbytes, split, w = (cfg[key] for key in ("BN", "BM", "NBYTES", "SPLIT_K",
                                                      "num_warps"))
+    slices = cfg.get("SLICES", 1)
     assert fits(m, k, cfg), (m, k, cfg)
-    k_iters = k // (8 * nbytes * split)  # a multiple of 4: see fits()
-    grid = (triton.cdiv(n, bn), split)
+    assert slices == 1 or (split == 1 and bn % (16 * slices) == 0 and slices in (2, 4, 8)
+                           and slices == w), cfg
+    k_iters = k // (8 * nbytes * split * slices)  # a multiple of 4: see fits()
+    grid = (triton.cdiv(n, bn // slices), split)
     if split > 1:
         ws = x2.new_empty(split * grid[0] * bn * bm, dtype=s2.dtype)
         cnt = _tile_counters(x2.device, grid[0])
@@ -380,7 +449,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     _gemv_kernel[grid](
         x2, words, pairs, s2, bias if bias is not None else out, out, ws, cnt,
         m, n, x2.stride(0), words.stride(0), pairs.stride(0), out.stride(0), k_iters,
-        HAS_BIAS=bias is not None, BN=bn, BM=bm, NBYTES=nbytes, SPLIT_K=split,
+        HAS_BIAS=bias is not None, BN=bn, BM=bm, NBYTES=nbytes, SPLIT_K=split, SLICES=slices,
         OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma,
         num_warps=w,
     )
