@@ -134,7 +134,11 @@ class TensorFiles:
         for f in files:
             with safe_open(str(f), framework="pt") as st:
                 for name in st.keys():
-                    self._tensors[name] = st.get_tensor(name)
+                    # A fresh (64-byte aligned) copy: safetensors 0.8.0's tensors can start at
+                    # any 8-byte offset (40 mod 64 seen), and CPU BLAS sums a one-row product
+                    # in another order on a misaligned weight, so the same bits loaded from a
+                    # checkpoint and quantized at load gave different logits.
+                    self._tensors[name] = st.get_tensor(name).clone()
                     self._file[name] = f
 
     def items(self):
