@@ -34,6 +34,13 @@ SLICED = [
     dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, SLICES=4, num_warps=4),
     dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, SLICES=2, num_warps=2),
 ]
+# K in whole chunks of 128 but not whole four-chunk groups per split: uneven splits whose
+# last group is partly masked (the pick for 4096 x 11008 first)
+RAGGED = [
+    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=8, num_warps=8, RAGGED=True),
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=3, num_warps=4, RAGGED=True),
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, num_warps=4, RAGGED=True),
+]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS + SLICED,
@@ -45,6 +52,16 @@ def test_gemv_configs_match_exact(cfg, dtype):
               (1000, 8192, 1), (40, 4096, 1))
     ran = count_exact_on_shapes(gk, cfg, shapes, dtype)
     assert ran >= 2, cfg  # every config meets at least two of the shapes
+
+
+@pytest.mark.parametrize("cfg", RAGGED, ids=lambda c: f"split{c['SPLIT_K']}-w{c['num_warps']}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemv_ragged_k_matches_exact(cfg, dtype):
+    # 86 chunks (Llama-2-7B's 11008) over 8 splits of 10-11, 33 over 3, 5 over 1; K in
+    # whole groups too; N ragged, bias on odd M, the last row read to its end
+    shapes = ((300, 11008, 1), (64, 4224, 5), (1000, 640, 8), (384, 2048, 2))
+    ran = count_exact_on_shapes(gk, cfg, shapes, dtype)
+    assert ran >= 2, cfg
 
 
 @pytest.mark.parametrize("cfg", [CONFIGS[1], SLICED[1]], ids=["split", "sliced"])
@@ -95,7 +112,10 @@ def test_fits_and_pick_config():
     assert not gk.fits(1, 2048, sliced)  # 8 slices of 256: not four chunks each
     assert gk.pick_config(9, 4096, 4096) is None  # more tokens: linear_kernels
     assert gk.pick_config(1, 576, 1536) is None  # small layers: linear_kernels
-    assert gk.pick_config(1, 4096, 4160) is None  # K not a multiple of 512
+    assert gk.pick_config(1, 4096, 4160) is None  # K not whole chunks of 128
+    assert gk.pick_config(1, 4096, 11008) == RAGGED[0]  # 86 chunks: uneven splits
+    assert gk.fits(1, 640, RAGGED[2]) and not gk.fits(1, 640, RAGGED[1])  # 5 chunks, 3 splits
+    assert not gk.fits(1, 4160, RAGGED[2])
 
 
 def test_linear_uses_the_gemv_only_on_views_it_can_read():

@@ -1,7 +1,7 @@
 """NVFP4 weight-only linear for a few tokens in Gluon, on `mma.sync` tensor cores.
 
 nvfp4_linear uses it for at most 8 tokens on layers of at least 2^23 weights with K a
-multiple of 512 (pick_config); everything else takes linear_kernels' Triton kernel.
+multiple of 128 (pick_config); everything else takes linear_kernels' Triton kernel.
 
 Why a second kernel: the Triton one uses Hopper's warpgroup MMA, whose A operand lives in
 registers that Triton 3.6 can only reuse after a synchronous wait, so each K step pays
@@ -22,7 +22,8 @@ program instead (SLICES): each warp takes one K slice of the same 16 rows, and x
 ride in the MMA's 8 columns (at M = 1 seven of them were idle), so warp j's accumulator
 column j is its slice's partial sum. One in-program reduction replaces the workspace
 round trip and the atomic counter: 4096 x 4096 at M = 1 in 7.1 against 8.0 us (session
-`gemv-slices`).
+`gemv-slices`). K that is not whole four-chunk groups per split (Llama-2's 11008) splits
+unevenly, the chunks past a split's end loaded as zeros (RAGGED).
 
 Measured on an H200 (docs/notes/nvfp4-triton.md, session `gluon-gemv`): 8192 x 28672 at
 M = 1 in ~45-48 us against ~60 us for the Triton kernel and ~111-116 us for torch's bf16
@@ -236,9 +237,11 @@ def _store(acc, rows, toks, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
 def _gemv_kernel(
     x_ptr, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
     M, N, stride_xm, stride_w, stride_s, stride_om,  # w in int32 words, s in int16 pairs
-    k_iters,  # K chunks (of 8 * NBYTES elements) per split or slice, a multiple of 4
+    k_iters,  # K chunks (of 8 * NBYTES elements) per split or slice, a multiple of 4;
+    # with RAGGED, the chunks of all K (the splits then differ by up to one chunk)
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NBYTES: gl.constexpr,
-    SPLIT_K: gl.constexpr, SLICES: gl.constexpr, OUT_LOG2: gl.constexpr,
+    SPLIT_K: gl.constexpr, SLICES: gl.constexpr, RAGGED: gl.constexpr,
+    OUT_LOG2: gl.constexpr,
     WL: gl.constexpr, SL: gl.constexpr, XL: gl.constexpr, MMA: gl.constexpr,
 ):
     pid_n = gl.program_id(0)
@@ -246,60 +249,74 @@ def _gemv_kernel(
     WS: gl.constexpr = NBYTES  # int32 words per weight row per chunk (4 threads)
     SS: gl.constexpr = NBYTES // 4  # int16 scale pairs per weight row per chunk
     XS: gl.constexpr = 8 * NBYTES  # x elements per chunk
-    k_len = k_iters * XS  # K elements per split or slice
+    if RAGGED:
+        # K is not whole four-chunk groups per split: split pid_k takes chunks [c, end),
+        # rounded up to whole groups whose chunks past `end` load as zeros.
+        c = pid_k * k_iters // SPLIT_K
+        end = (pid_k + 1) * k_iters // SPLIT_K
+        n_iters = (end - c + 3) // 4 * 4
+    else:
+        c = pid_k * k_iters
+        end = c + k_iters
+        n_iters = k_iters
+    k_start = c * XS  # this split's first K index (slices: 0)
+    k_len = k_iters * XS  # K elements per slice
     # Rows past N re-read row N - 1 and tokens past M re-read token M - 1 (neither is
     # stored), so the loop's loads need no masks.
-    rows, k0 = _rows_and_k0(pid_n, pid_k, k_len, N, BN, SLICES, WL)
+    rows, k0 = _rows_and_k0(pid_n, k_start, k_len, N, BN, SLICES, WL)
     w_ptrs = (w_ptr + rows[:, None].to(gl.int64) * stride_w + (k0 // 8)[:, None]
               + gl.arange(0, WS, layout=gl.SliceLayout(0, WL))[None, :])
-    srows, sk0 = _rows_and_k0(pid_n, pid_k, k_len, N, BN, SLICES, SL)
+    srows, sk0 = _rows_and_k0(pid_n, k_start, k_len, N, BN, SLICES, SL)
     s_ptrs = (s_ptr + srows[:, None].to(gl.int64) * stride_s + (sk0 // 32)[:, None]
               + gl.arange(0, SS, layout=gl.SliceLayout(0, SL))[None, :])
     toks = gl.arange(0, BM, layout=gl.SliceLayout(1, XL))
     if SLICES == 1:
         x_ptrs = (x_ptr + gl.minimum(toks, M - 1)[:, None].to(gl.int64) * stride_xm
-                  + (pid_k * k_len + gl.arange(0, XS, layout=gl.SliceLayout(0, XL)))[None, :])
+                  + (k_start + gl.arange(0, XS, layout=gl.SliceLayout(0, XL)))[None, :])
     else:  # the one token's K slices as the MMA's columns
         x_ptrs = (x_ptr + gl.minimum(toks, SLICES - 1)[:, None] * k_len
                   + gl.arange(0, XS, layout=gl.SliceLayout(0, XL))[None, :])
 
     # Four weight chunks in flight (w0..w3 with their scales), x one chunk ahead (it comes
-    # from L1: every program with this split reads the same x).
+    # from L1: every program with this split reads the same x). c is the first chunk of
+    # the group being multiplied, n of the group being loaded.
     acc = gl.zeros([BN, BM], gl.float32, MMA)
-    w0 = gl.load(w_ptrs)
-    sc0 = gl.load(s_ptrs)
-    w1 = gl.load(w_ptrs + WS)
-    sc1 = gl.load(s_ptrs + SS)
-    w2 = gl.load(w_ptrs + 2 * WS)
-    sc2 = gl.load(s_ptrs + 2 * SS)
-    w3 = gl.load(w_ptrs + 3 * WS)
-    sc3 = gl.load(s_ptrs + 3 * SS)
-    xa = gl.load(x_ptrs)
-    for _ in range(k_iters // 4 - 1):
+    w0 = _load(w_ptrs, c, end, RAGGED)
+    sc0 = _load(s_ptrs, c, end, RAGGED)
+    w1 = _load(w_ptrs + WS, c + 1, end, RAGGED)
+    sc1 = _load(s_ptrs + SS, c + 1, end, RAGGED)
+    w2 = _load(w_ptrs + 2 * WS, c + 2, end, RAGGED)
+    sc2 = _load(s_ptrs + 2 * SS, c + 2, end, RAGGED)
+    w3 = _load(w_ptrs + 3 * WS, c + 3, end, RAGGED)
+    sc3 = _load(s_ptrs + 3 * SS, c + 3, end, RAGGED)
+    xa = _load(x_ptrs, c, end, RAGGED)
+    for _ in range(n_iters // 4 - 1):
+        n = c + 4
         w_ptrs += 4 * WS
         s_ptrs += 4 * SS
-        xb = gl.load(x_ptrs + XS)
+        xb = _load(x_ptrs + XS, c + 1, end, RAGGED)
         acc = _mma_step(w0, sc0, xa, acc, WL, MMA)
-        w0 = gl.load(w_ptrs)
-        sc0 = gl.load(s_ptrs)
-        xa = gl.load(x_ptrs + 2 * XS)
+        w0 = _load(w_ptrs, n, end, RAGGED)
+        sc0 = _load(s_ptrs, n, end, RAGGED)
+        xa = _load(x_ptrs + 2 * XS, c + 2, end, RAGGED)
         acc = _mma_step(w1, sc1, xb, acc, WL, MMA)
-        w1 = gl.load(w_ptrs + WS)
-        sc1 = gl.load(s_ptrs + SS)
-        xb = gl.load(x_ptrs + 3 * XS)
+        w1 = _load(w_ptrs + WS, n + 1, end, RAGGED)
+        sc1 = _load(s_ptrs + SS, n + 1, end, RAGGED)
+        xb = _load(x_ptrs + 3 * XS, c + 3, end, RAGGED)
         acc = _mma_step(w2, sc2, xa, acc, WL, MMA)
-        w2 = gl.load(w_ptrs + 2 * WS)
-        sc2 = gl.load(s_ptrs + 2 * SS)
+        w2 = _load(w_ptrs + 2 * WS, n + 2, end, RAGGED)
+        sc2 = _load(s_ptrs + 2 * SS, n + 2, end, RAGGED)
         x_ptrs += 4 * XS
-        xa = gl.load(x_ptrs)
+        xa = _load(x_ptrs, n, end, RAGGED)
         acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
-        w3 = gl.load(w_ptrs + 3 * WS)
-        sc3 = gl.load(s_ptrs + 3 * SS)
-    xb = gl.load(x_ptrs + XS)
+        w3 = _load(w_ptrs + 3 * WS, n + 3, end, RAGGED)
+        sc3 = _load(s_ptrs + 3 * SS, n + 3, end, RAGGED)
+        c = n
+    xb = _load(x_ptrs + XS, c + 1, end, RAGGED)
     acc = _mma_step(w0, sc0, xa, acc, WL, MMA)
-    xa = gl.load(x_ptrs + 2 * XS)
+    xa = _load(x_ptrs + 2 * XS, c + 2, end, RAGGED)
     acc = _mma_step(w1, sc1, xb, acc, WL, MMA)
-    xb = gl.load(x_ptrs + 3 * XS)
+    xb = _load(x_ptrs + 3 * XS, c + 3, end, RAGGED)
     acc = _mma_step(w2, sc2, xa, acc, WL, MMA)
     acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
 
@@ -312,15 +329,25 @@ def _gemv_kernel(
 
 
 @gluon.jit
-def _rows_and_k0(pid_n, pid_k, k_len, N, BN: gl.constexpr, SLICES: gl.constexpr,
+def _load(ptrs, chunk, end, RAGGED: gl.constexpr):
+    """One chunk's loads; with RAGGED, zeros for a chunk past the split's end (zero words,
+    scales and x: it adds nothing)."""
+    if RAGGED:
+        return gl.load(ptrs, mask=chunk < end, other=0)
+    else:
+        return gl.load(ptrs)
+
+
+@gluon.jit
+def _rows_and_k0(pid_n, k_start, k_len, N, BN: gl.constexpr, SLICES: gl.constexpr,
                  L: gl.constexpr):
     """For each of the tile's BN rows (layout L): the weight row it reads and its first K
-    index. Without slices, rows pid_n * BN + i from this split's start. With SLICES, row i
+    index. Without slices, rows pid_n * BN + i from k_start (the split's). With SLICES, row i
     is weight row 16 (i // (16 SLICES)) + i % 16 of the program's BN / SLICES and reads K
     slice (i // 16) % SLICES: each warp's 16 rows are one slice."""
     i = gl.arange(0, BN, layout=gl.SliceLayout(1, L))
     if SLICES == 1:
-        return gl.minimum(pid_n * BN + i, N - 1), i * 0 + pid_k * k_len
+        return gl.minimum(pid_n * BN + i, N - 1), i * 0 + k_start
     else:
         row = pid_n * (BN // SLICES) + (i // (16 * SLICES)) * 16 + i % 16
         return gl.minimum(row, N - 1), ((i // 16) % SLICES) * k_len
@@ -381,7 +408,7 @@ def _finish(acc, pid_n, pid_k, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, N, M,
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
     kernel is used instead: more than 8 tokens, layers under 2^23 weights, K not a
-    multiple of 512. From `python -m bench.nvfp4_kernels_bench --linear-only --tune
+    multiple of 128. From `python -m bench.nvfp4_kernels_bench --linear-only --tune
     --tune-m 1` and sweeps of the same configs on more shapes on an H200
     (docs/notes/nvfp4-triton.md, sessions `gluon-gemv` and `gemv-slices`):
     - one token on 2048 to 4096 rows: K split across the warps of a program (SLICES), 16
@@ -392,7 +419,12 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     - otherwise 128 rows on 8 warps per program and K split until there are about two
       programs (16 warps) per SM: best or within 3% of best at M = 1 on 8192 x 28672,
       28672 x 8192, 4096 x 4096, 2048 x 4096 and 1024 x 8192; 16 tokens (two MMA columns
-      of 8) measured slower than the Triton kernel."""
+      of 8) measured slower than the Triton kernel;
+    - K in whole chunks of 128 but not whole four-chunk groups per split (RAGGED, e.g.
+      11008 = 86 chunks): uneven splits by the same rule, their last group partly masked.
+      Against the Triton kernel in the same run: 4096 x 11008 at M = 1 14.8 against 16.0
+      us, at M = 8 16.6 against 18.1, 8192 x 11008 24.8 against 26.0, 2048 x 5504 8.0
+      against 9.4 (torch 28.7 / 29.0 / 46.2 / 11.2)."""
     if m > 8 or n * k < 2**23:
         return None
     if m == 1 and 2048 <= n <= 4096:
@@ -402,7 +434,9 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
                 return cfg
     cfg = dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8)
     if not fits(m, k, cfg):
-        return None
+        cfg["RAGGED"] = True  # e.g. K = 11008, 86 chunks: uneven splits
+        if not fits(m, k, cfg):
+            return None
     tiles = triton.cdiv(n, cfg["BN"])
     while tiles * cfg["SPLIT_K"] * 2 <= 2 * sms:
         if not fits(m, k, dict(cfg, SPLIT_K=cfg["SPLIT_K"] * 2)):
@@ -419,10 +453,15 @@ def viewable(packed: torch.Tensor, scales: torch.Tensor) -> bool:
 
 def fits(m: int, k: int, cfg: dict) -> bool:
     """Whether the Gluon GEMV handles this call: few tokens (one where K is sliced across
-    warps) and whole chunks per split or slice."""
+    warps) and whole four-chunk groups per split or slice, or (RAGGED) whole chunks and at
+    least four per split."""
     slices = cfg.get("SLICES", 1)
+    chunk = 8 * cfg["NBYTES"]
+    if cfg.get("RAGGED"):
+        return (slices == 1 and m <= cfg["BM"] and k % chunk == 0
+                and k // chunk >= 4 * cfg["SPLIT_K"])
     return (m <= (1 if slices > 1 else cfg["BM"])
-            and k % (32 * cfg["NBYTES"] * cfg["SPLIT_K"] * slices) == 0)
+            and k % (4 * chunk * cfg["SPLIT_K"] * slices) == 0)
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
@@ -436,7 +475,9 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     assert fits(m, k, cfg), (m, k, cfg)
     assert slices == 1 or (split == 1 and bn % (16 * slices) == 0 and slices in (2, 4, 8)
                            and slices == w), cfg
-    k_iters = k // (8 * nbytes * split * slices)  # a multiple of 4: see fits()
+    ragged = cfg.get("RAGGED", False)
+    # chunks per split or slice, a multiple of 4 (fits()); RAGGED: chunks of all K
+    k_iters = k // (8 * nbytes) if ragged else k // (8 * nbytes * split * slices)
     grid = (triton.cdiv(n, bn // slices), split)
     if split > 1:
         ws = x2.new_empty(split * grid[0] * bn * bm, dtype=s2.dtype)
@@ -450,6 +491,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
         x2, words, pairs, s2, bias if bias is not None else out, out, ws, cnt,
         m, n, x2.stride(0), words.stride(0), pairs.stride(0), out.stride(0), k_iters,
         HAS_BIAS=bias is not None, BN=bn, BM=bm, NBYTES=nbytes, SPLIT_K=split, SLICES=slices,
+        RAGGED=ragged,
         OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma,
         num_warps=w,
     )
