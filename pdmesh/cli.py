@@ -168,7 +168,7 @@ def _check_model(spec: str) -> str | None:
     """Why `spec` cannot be served, or None. For a HF directory its config.json and
     tokenizer are read here (no weights) and the vocabularies compared; the built-in models
     need no check."""
-    from libs.engine.loader import check_spec, load_tokenizer
+    from libs.engine.specs import check_spec, load_tokenizer
 
     try:
         check_spec(spec)

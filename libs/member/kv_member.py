@@ -28,6 +28,7 @@ from libs.engine.engine import Engine
 from libs.engine.kvpool import KvPool
 from libs.engine.loader import LoadedModel, load_model
 from libs.faults import Faults
+from libs.member.pairable import layout_mismatch
 from libs.transfer.agent import KvAgent
 from libs.transfer.layout import PoolLayout
 from libs.transfer.staging import KvWire
@@ -58,24 +59,6 @@ def model_fingerprint(loaded: LoadedModel) -> str:
     sample = loaded.weights.embed.flatten()[:65536].float().cpu().numpy().tobytes()
     fmt = "" if loaded.weights_format == "native" else f"+{loaded.weights_format}"
     return f"{loaded.name}{fmt}@{hashlib.sha256(sample).hexdigest()[:12]}"
-
-
-def layout_mismatch(
-    ours: cpb.KvLayout, theirs: cpb.KvLayout, names: tuple[str, str] = ("ours", "theirs")
-) -> str | None:
-    """Why two members cannot exchange KV, or None when they can.
-
-    The transfer format is compared first: it is the one an operator sets per member
-    (--kv-transfer), and the derived wire_page_bytes would otherwise hide it.
-    """
-    for name in (
-        "transfer_format", "model", "dtype", "page_size", "num_layers", "num_kv_heads",
-        "head_dim", "page_bytes", "wire_page_bytes",
-    ):
-        a, b = getattr(ours, name), getattr(theirs, name)
-        if a != b:
-            return f"{name} differs: {names[0]} {a!r}, {names[1]} {b!r}"
-    return None
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import anyio
 
-from libs.engine.loader import load_tokenizer
+from libs.engine.specs import load_tokenizer
 from libs.rpc.http import asgi_server, serve_http
 from libs.rpc.membership import Membership
 from libs.rpc.server import start_server

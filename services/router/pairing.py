@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from libs.member.kv_member import layout_mismatch
+from libs.member.pairable import layout_mismatch
 from libs.rpc.calls import open_channel
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from libs.member.kv_member import layout_mismatch
+from libs.member.pairable import layout_mismatch
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
 from services.router.pairing import NoPair, Pairing
