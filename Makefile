@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # CPU-only machines: pin torch's CPU build; an unpinned torch pulls a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
-PYTEST_ARGS ?= --durations=25  # the slowest tests in every CI log: the suite must stay well under 20 min
+# the slowest tests in every CI log: the suite must stay well under 20 minutes
+PYTEST_ARGS ?= --durations=25
 
 .PHONY: up test install install-dev protos lint bench clean
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,8 @@ from .specs import (
     gguf_config,
     hf_config,
     hf_tokenizer_source,
-    replace_name,
+    random_config,
+    random_tokenizer_source,
     smollm2_gguf_path,
 )
 from .tokenizer import Tokenizer
@@ -67,11 +67,10 @@ def load_model(
     if spec == "smollm2":
         config, weights, tok_src = _load_gguf(smollm2_gguf_path())
     elif spec in RANDOM_SPECS:
-        config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
-        config = replace_name(config, spec)
+        config = random_config(spec)
         weights = random_weights(config, RANDOM_SEED)
-        try:  # PDMESH_TOKENIZER: a tokenizer directory, where the GGUF is not installed
-            tok_src = os.environ.get("PDMESH_TOKENIZER") or smollm2_gguf_path()
+        try:
+            tok_src = random_tokenizer_source()
         except FileNotFoundError:  # e.g. a GPU box without the package: weights still work
             logger.warning("SmolLM2 GGUF not found: %s has no tokenizer", spec)
             tok_src = None

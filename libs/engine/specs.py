@@ -2,7 +2,7 @@
 tokenizer. No torch here, so the router (which tokenizes and never computes) starts without
 importing it: on a 2-core host torch's import took 2.3 of the router's 2.9 s.
 
-Specs: see loader.py, which loads the weights and re-exports these.
+loader.py loads the weights, and uses these for everything else.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from .config import ModelConfig
@@ -63,10 +64,8 @@ def load_tokenizer(spec: str) -> tuple[ModelConfig, Tokenizer]:
         config = gguf_config(gguf.GGUFReader(str(path)), path)
         tokenizer = Tokenizer.load(path, config.eos_token_ids)
     elif spec in RANDOM_SPECS:
-        config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
-        source = os.environ.get("PDMESH_TOKENIZER") or smollm2_gguf_path()
-        tokenizer = Tokenizer.load(source, config.eos_token_ids)
-        config = replace_name(config, spec)
+        config = random_config(spec)
+        tokenizer = Tokenizer.load(random_tokenizer_source(), config.eos_token_ids)
     else:  # a HF directory: its config.json, no weights (the members load and check those)
         path = Path(spec)
         config = hf_config(path, json.loads((path / "config.json").read_text()))
@@ -82,10 +81,16 @@ def load_tokenizer(spec: str) -> tuple[ModelConfig, Tokenizer]:
     return config, tokenizer
 
 
-def replace_name(config: ModelConfig, name: str) -> ModelConfig:
-    from dataclasses import replace
+def random_config(spec: str) -> ModelConfig:
+    """The shape a random spec (one of RANDOM_SPECS) names, under the spec's name."""
+    config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
+    return replace(config, name=spec)
 
-    return replace(config, name=name)
+
+def random_tokenizer_source() -> str | Path:
+    """A random spec's tokenizer: PDMESH_TOKENIZER (a tokenizer directory, where the GGUF
+    is not installed), else SmolLM2's GGUF (FileNotFoundError without it)."""
+    return os.environ.get("PDMESH_TOKENIZER") or smollm2_gguf_path()
 
 
 def gguf_config(reader, path: Path) -> ModelConfig:

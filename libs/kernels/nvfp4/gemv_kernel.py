@@ -368,9 +368,10 @@ def _finish_slices(acc, pid_n, s2_ptr, bias_ptr, out_ptr, N, HAS_BIAS: gl.conste
     part = gl.reshape(gl.convert_layout(part, flat), [BN // (16 * SLICES), SLICES, 16])
     total = gl.convert_layout(gl.reshape(gl.sum(part, axis=1), [BN // SLICES]), flat)
     rows = pid_n * (BN // SLICES) + gl.arange(0, BN // SLICES, layout=flat)
-    y = total * (2.0**OUT_LOG2) * gl.load(s2_ptr)  # as _store_scaled
+    s2, bias = _load_s2_bias(s2_ptr, bias_ptr, rows, N, HAS_BIAS)
+    y = total * (2.0**OUT_LOG2) * s2  # as _store_scaled, for one token
     if HAS_BIAS:
-        y += gl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(gl.float32)
+        y += bias
     gl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rows < N)
 
 
