@@ -20,9 +20,10 @@ sk = gluon_kernel("small_kernel")
 # the picked configs first (CONFIGS[1] is 576 x 576 at M = 256), then every other warp
 # count and x path at each tile size
 PICKED = [dict(BM=16, num_warps=4, X_TMA=False), dict(BM=32, num_warps=8, X_TMA=True),
-          dict(BM=64, num_warps=4, X_TMA=True)]
-CONFIGS = PICKED + [dict(BM=bm, num_warps=w, X_TMA=t) for bm in (16, 32, 64) for w in (4, 8)
-                    for t in (False, True) if dict(BM=bm, num_warps=w, X_TMA=t) not in PICKED]
+          dict(BM=64, num_warps=4, X_TMA=True), dict(BM=8, num_warps=4, X_TMA=False)]
+OTHERS = [dict(BM=bm, num_warps=w, X_TMA=t) for bm in (8, 16, 32, 64) for w in (4, 8)
+          for t in (False, True) if bm > 8 or w == 4]  # 8-token tiles: one warpgroup
+CONFIGS = PICKED + [c for c in OTHERS if c not in PICKED]
 
 
 @pytest.mark.parametrize(
@@ -77,9 +78,12 @@ def test_fits_and_pick_config():
     assert sk.fits(17, 576, {}) and sk.fits(300, 64, {})
     assert not sk.fits(17, 640, {}) and not sk.fits(17, 200, {})  # past MAX_K, ragged K
     assert sk.pick_config(256, 576, 576) == PICKED[1]  # 72 programs
-    assert sk.pick_config(64, 576, 576) == PICKED[0]
     assert sk.pick_config(256, 1536, 576) == PICKED[2]  # 96 programs
-    assert sk.pick_config(1, 576, 576) == sk.pick_config(16, 1536, 576) == PICKED[0]
+    # up to 64 tokens, 8-token tiles while they fit in one wave
+    assert sk.pick_config(1, 576, 576) == sk.pick_config(64, 576, 576) == PICKED[3]
+    assert sk.pick_config(16, 1536, 576) == sk.pick_config(32, 1536, 576) == PICKED[3]
+    assert sk.pick_config(64, 1536, 576) == PICKED[0]  # 192 programs at 8 tokens
+    assert sk.pick_config(128, 192, 576) == PICKED[0]  # past 64 tokens: 16 and more
     assert sk.pick_config(256, 576, 1536) is None  # K = 1536: linear_kernels
     assert sk.pick_config(1024, 1536, 576) is None  # more than one wave even at BM = 64
     assert sk.pick_config(256, 4096, 4096) is None  # large layers: gemm_kernel

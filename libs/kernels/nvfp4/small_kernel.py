@@ -23,8 +23,8 @@ x reaches shared memory one of two ways (X_TMA):
   4.25, where x's 36 KB a program through registers took about as long to arrive as the
   whole decode.
 
-BM is the smallest of 16, 32, 64 that keeps the programs to one wave (a program holds
-9 * (8 + BM / 8) KB of shared memory at K = 576). Measured on an H200
+BM is the smallest of 8 (up to 64 tokens), 16, 32, 64 that keeps the programs to one
+wave (a program holds 9 * (8 + BM / 8) KB of shared memory at K = 576). Measured on an H200
 (docs/notes/nvfp4-triton.md, sessions `small-wgmma` and `small-tma-x`), against torch in
 three interleaved rounds: 576 x 576 at M = 256 4.07 us (torch 3.75), at M = 64 3.69
 (3.65), at M = 1 3.54 (3.57); 1536 x 576 at M = 256 4.77 (4.24). K = 1536 (SmolLM2's down
@@ -216,6 +216,13 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     - BM is the smallest of 16, 32, 64 whose programs fit in one wave: 576 x 576 at
       M = 256 4.22 us with 32 (72 programs) against 5.11 with 64; 1536 x 576 at M = 256
       6.08 with 64 (96 programs) against 7.41 with 32 (192, mma.sync form);
+    - up to 64 tokens, tiles of 8 (wgmma N = 8) where they fit in one wave: each program
+      then multiplies less x, and there are more of them (session `floors`, three
+      interleaved rounds): 576 x 576 at M = 1 / 16 / 64 3.42 / 3.58 / 3.64 us against
+      3.57 / 3.86 / 3.72 with 16 (torch 3.61 / 3.67 / 3.68); 1536 x 576 at M = 1 3.48
+      against 3.63 (torch 3.88). Past 64 tokens they lost (192 x 576 at M = 256, 96
+      programs: 3.84 against 3.71), as past one wave (576 x 576 at M = 128: 5.09 against
+      3.79);
     - tiles of 32 or 64 tokens take x by TMA (X_TMA): 576 x 576 at M = 256 4.07 against
       4.25 us for x through registers, 1536 x 576 at M = 256 4.97 against 5.32 (torch 3.75
       / 4.18). Tiles of 16 keep x through registers: there x by TMA measured 0.1-0.2 us
@@ -228,7 +235,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
       3.59 / 3.86 us, where the Triton kernel took 4.86 / 4.90 (torch 3.58 / 3.66)."""
     if n * k >= 2**22 or not fits(m, k, {}):
         return None
-    for bm in (16, 32, 64):
+    for bm in (8, 16, 32, 64) if m <= 64 else (16, 32, 64):
         if triton.cdiv(n, BN) * triton.cdiv(m, bm) <= sms:
             return dict(BM=bm, num_warps=8 if bm == 32 else 4, X_TMA=bm > 16)
     return None
@@ -242,6 +249,8 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     n = packed.shape[0]
     assert fits(m, k, cfg), (m, k, cfg)
     bm = cfg["BM"]
+    # a warpgroup's wgmma takes at least 8 tokens: 8-token tiles run on one warpgroup
+    assert bm in (16, 32, 64) or (bm == 8 and cfg["num_warps"] == 4), cfg
     wl, xl, acc, sw = layouts(bm, cfg["num_warps"])
     x_tma = cfg.get("X_TMA", False) and _tma_ready(x2)
     x_desc = TensorDescriptor.from_tensor(x2, [bm, 64], sw) if x_tma else x2
