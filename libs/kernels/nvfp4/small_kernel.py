@@ -18,10 +18,11 @@ x reaches shared memory one of two ways (X_TMA):
 - tiles of 16 tokens load it into registers and store it permuted inside each 8-wide
   group the way the decode leaves the weights ([lo b0, lo b1, lo b2, lo b3, hi b0, ..,
   hi b3]), so the dot products are unchanged;
-- tiles of 32 or 64 tokens take it by TMA in K order and re-pair the decoded halves
-  into K order instead (4 more prmt a word): 576 x 576 at M = 256 in 4.07 us against
-  4.25, where x's 36 KB a program through registers took about as long to arrive as the
-  whole decode.
+- tiles of 32 or 64 tokens take it by TMA in K order, and the weights are decoded in K
+  order instead (_NATURAL_ASM): 576 x 576 at M = 256 in 4.07 us against 4.25, where
+  x's 36 KB a program through registers took about as long to arrive as the whole
+  decode (and 3.98 against 4.11 since the decode's pairs come out in K order instead of
+  being re-paired).
 
 BM is the smallest of 8 (up to 64 tokens), 16, 32, 64 that keeps the programs to one
 wave (a program holds 9 * (8 + BM / 8) KB of shared memory at K = 576). Measured on an H200
@@ -61,7 +62,40 @@ from .gemv_kernel import (
     _load_s2_bias,
     _store_scaled,
 )
-from .linear_kernels import _DECODE
+from .linear_kernels import _DECODE, DECODE_BITS_BF16, DECODE_BITS_F16
+
+# PTX: the word decode (_WORD_ASM_*) with other byte selectors, for x that comes by TMA in
+# K order: prmt takes the word shifted left by 4 (w4) and the word itself as its two
+# sources, so each output register pairs byte j's low nibble (from w4) with its high
+# nibble (from the word). The pairs come out (lo b0, hi b0), (lo b1, hi b1), .. in K
+# order at the same 17 instructions per 8 weights (gemm_fragment's byte decode, on a whole
+# word), where re-pairing the word decode's (lo b0, lo b1), .. cost 4 more prmt a word.
+# The same bits per nibble, so the same values.
+_NATURAL_ASM = """
+{{
+.reg .b32 w4, p, s;
+mov.b32 s, {{$5, $5}};
+shl.b32 w4, $4, 4;
+prmt.b32 p, w4, $4, 0xC480;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $0, p, s;
+prmt.b32 p, w4, $4, 0xD591;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $1, p, s;
+prmt.b32 p, w4, $4, 0xE6A2;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $2, p, s;
+prmt.b32 p, w4, $4, 0xF7B3;
+shl.b32 p, p, {sh};
+and.b32 p, p, {mask};
+mul.rn.{ty}x2 $3, p, s;
+}}
+"""
+_NATURAL_ASM_BF16 = gl.constexpr(_NATURAL_ASM.format(**DECODE_BITS_BF16))
+_NATURAL_ASM_F16 = gl.constexpr(_NATURAL_ASM.format(**DECODE_BITS_F16))
 
 BN = 64  # weight rows per program: one wgmma's M
 MAX_K = 576  # SmolLM2's K (measured); more K holds more x in registers (spills at 768)
@@ -86,13 +120,14 @@ def layouts(bm: int, num_warps: int):
 def _decode_chunk(wd, sb, dtype: gl.constexpr, NATURAL: gl.constexpr):
     """Words [64, 8] (int32) and each word's e4m3 block scale byte [64, 8] -> the [64, 64]
     weights times their scale (pre-multiplied, as linear_kernels), in K order (NATURAL,
-    for x brought by TMA: 4 more prmt a word to re-pair the halves) or in the decode's
-    permuted order (x permuted to match on its way through registers)."""
+    for x brought by TMA: _NATURAL_ASM) or in the word decode's order (x permuted to match
+    on its way through registers, which measured faster there than x and weights in K
+    order: 576 x 576 at M = 1 3.40 against 3.55 us, at M = 128 3.76 against 3.96)."""
     if dtype == gl.bfloat16:
-        word_asm: gl.constexpr = _WORD_ASM_BF16
+        word_asm: gl.constexpr = _NATURAL_ASM_BF16 if NATURAL else _WORD_ASM_BF16
         scale_asm: gl.constexpr = _SCALE_ASM_BF16
     else:
-        word_asm: gl.constexpr = _WORD_ASM_F16
+        word_asm: gl.constexpr = _NATURAL_ASM_F16 if NATURAL else _WORD_ASM_F16
         scale_asm: gl.constexpr = _SCALE_ASM_F16
     # the scale byte with a zero high byte: the conversion's low half is the scale
     pairs = gl.inline_asm_elementwise(scale_asm, "=r,h", [sb.to(gl.int16)], dtype=gl.int32,
@@ -102,12 +137,12 @@ def _decode_chunk(wd, sb, dtype: gl.constexpr, NATURAL: gl.constexpr):
     p0, p1, p2, p3 = gl.inline_asm_elementwise(
         word_asm, "=r,=r,=r,=r,r,h", [wd, scale],
         dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
+    # [64, word, h, i, o]: register 2o + i, its half h. NATURAL: register j holds byte j's
+    # low (h = 0) and high nibble, K = 8 word + 2j + h. Else the word decode's nibble o of
+    # byte 2i + h, K = 8 word + 2(2i + h) + o, the order _permute_x gives x.
     w = gl.join(gl.join(_halves(p0, dtype), _halves(p1, dtype)),
-                gl.join(_halves(p2, dtype), _halves(p3, dtype)))  # [64, word, e, p, n]
-    if NATURAL:
-        w = gl.permute(w, (0, 1, 3, 2, 4))  # [64, word, p, e, nibble]: K = 8 word + 4p + 2e + n
-    else:
-        w = gl.permute(w, (0, 1, 4, 3, 2))  # [64, word, nibble, byte]
+                gl.join(_halves(p2, dtype), _halves(p3, dtype)))
+    w = gl.permute(w, (0, 1, 4, 3, 2))  # [64, word, o, i, h]
     return gl.reshape(w, [wd.shape[0], 64])
 
 
