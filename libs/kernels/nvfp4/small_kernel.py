@@ -15,14 +15,14 @@ over the whole K:
   and waited for once.
 
 x reaches shared memory one of two ways (X_TMA):
-- tiles of 16 tokens load it into registers and store it permuted inside each 8-wide
+- tiles of 8 or 16 tokens load it into registers and store it permuted inside each 8-wide
   group the way the decode leaves the weights ([lo b0, lo b1, lo b2, lo b3, hi b0, ..,
   hi b3]), so the dot products are unchanged;
 - tiles of 32 or 64 tokens take it by TMA in K order, and the weights are decoded in K
   order instead (_NATURAL_ASM): 576 x 576 at M = 256 in 4.07 us against 4.25, where
   x's 36 KB a program through registers took about as long to arrive as the whole
-  decode (and 3.98 against 4.11 since the decode's pairs come out in K order instead of
-  being re-paired).
+  decode; 3.98 against 4.11 since the decode pairs the nibbles in K order itself
+  instead of re-pairing them (session `floors`).
 
 BM is the smallest of 8 (up to 64 tokens), 16, 32, 64 that keeps the programs to one
 wave (a program holds 9 * (8 + BM / 8) KB of shared memory at K = 576). Measured on an H200
