@@ -44,10 +44,10 @@ gemv_kernel.py (a Gluon `mma.sync` GEMV without that per-step chain: ~45 us on 8
 warp-specialized Gluon GEMM whose MMA warpgroup decodes into wgmma's register operand while
 its previous wgmma runs: ~155 us at M = 256, torch 171-175 us; 75 us at M = 64, torch
 128-142 us), layers under 2^22 weights with K up to 576 to small_kernel.py (one decode
-per tile into shared memory, then wgmma: SmolLM2's 576 x 576 at M = 256 in ~4.1 us
-against ~5.6 us here, at M = 1 ~3.6 against ~4.9 us), and at 129-256 tokens the small
-layers it declines (SmolLM2's down projection, K = 1536) to gemm_kernel.py as well
-(~6.5 against ~7.8 us at M = 256); everything else runs here.
+per tile of 16-32 weight rows into shared memory, then wgmma with x as A: SmolLM2's
+576 x 576 at M = 256 in ~3.5 us against ~5.6 us here, at M = 1 ~3.1 against ~4.9 us),
+and at 129-256 tokens the small layers it declines (SmolLM2's down projection, K = 1536)
+to gemm_kernel.py as well (~6.5 against ~7.8 us at M = 256); everything else runs here.
 
 Numerics versus reference.linear: the reference rounds w * s2 to x.dtype for every weight,
 then cuBLAS sums bf16 products in fp32 in its own order. Here the weights are exact, the
@@ -431,7 +431,7 @@ def route(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         if cfg:
             return "gemv", cfg
         small = _gluon("small_kernel")
-        cfg = small and small.viewable(packed) and small.pick_config(m, n, k, sms)
+        cfg = small and small.readable(x2, packed) and small.pick_config(m, n, k, sms)
         if cfg:
             return "small", cfg
         gemm = _gluon("gemm_kernel")
