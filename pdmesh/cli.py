@@ -45,7 +45,7 @@ def _die_with_supervisor() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from libs.transfer.kvwire import FORMATS as KV_FORMATS
+    from libs.member.formats import FORMATS as KV_FORMATS
     from services.bootstrap import main as bootstrap_main
     from services.decode import main as decode_main
     from services.prefill import main as prefill_main
