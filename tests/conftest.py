@@ -3,3 +3,23 @@
 import os
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402  (after the environment above, which must precede torch)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2 loaded once per session (~11 s of CPU a load on a 2-core host);
+    the engine and mesh tests only read its weights."""
+    from libs.engine.loader import load_model
+
+    return load_model("smollm2")
+
+
+@pytest.fixture(scope="session")
+def hf_reference():
+    """transformers' reference model loaded once per session (~37 s of CPU a load: its
+    GGUF reader parses the file twice); tests only run it under no_grad."""
+    from tests.hf_reference import load_hf_reference
+
+    return load_hf_reference()

@@ -6,15 +6,18 @@ import argparse
 import logging
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
 from libs import faults
-from libs.member.kv_member import KvMember
+from libs.member.formats import FORMATS
 from libs.rpc.http import asgi_server, listen, serve_http
 from libs.rpc.membership import Membership
 from libs.rpc.server import start_server
-from libs.transfer.kvwire import FORMATS, UnsupportedKvShape
+
+if TYPE_CHECKING:
+    from libs.member.kv_member import KvMember
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +88,11 @@ async def serve_member(
     run_extra: Callable[[object], Callable] | None = None,
 ) -> None:
     """Load the model (off the loop), start the server, register, and serve until cancelled."""
+    # torch and NIXL load here, not at import: `pdmesh` builds every role's parser in every
+    # process (bootstrap, router and supervisor included), which must not pay for them
+    from libs.member.kv_member import KvMember
+    from libs.transfer.kvwire import UnsupportedKvShape
+
     name = args.name or f"{role_name}-{os.getpid()}"
     try:
         injected = faults.Faults.parse(args.faults, name)

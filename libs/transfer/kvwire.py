@@ -40,10 +40,8 @@ import torch
 
 from libs.kernels.nvfp4 import reference
 from libs.kernels.nvfp4.format import BLOCK
+from libs.member.formats import FORMATS, NATIVE, NVFP4  # noqa: F401 (re-exported)
 
-NATIVE = "native"
-NVFP4 = "nvfp4"
-FORMATS = (NATIVE, NVFP4)
 SLOT_ALIGN = 16
 
 

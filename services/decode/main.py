@@ -7,7 +7,6 @@ import argparse
 from libs.member.serve import add_member_arguments, serve_member
 from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import decode_pb2
-from services.decode.service import DecodeConfig, DecodeService
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    from services.decode.service import DecodeConfig, DecodeService  # torch: see serve_member
+
     config = DecodeConfig(max_rooms=args.max_rooms, max_batch=args.max_batch)
     await serve_member(
         args,

@@ -7,7 +7,6 @@ import argparse
 from libs.member.serve import add_member_arguments, serve_member
 from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import prefill_pb2
-from services.prefill.service import PrefillConfig, PrefillService
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,6 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    from services.prefill.service import PrefillConfig, PrefillService  # torch: see serve_member
+
     config = PrefillConfig(
         chunk_tokens=args.chunk_tokens,
         max_batch_tokens=max(args.max_batch_tokens, args.chunk_tokens),

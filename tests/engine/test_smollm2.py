@@ -12,9 +12,7 @@ import torch
 from libs.engine.engine import Engine
 from libs.engine.generate import generate
 from libs.engine.kvpool import KvPool
-from libs.engine.loader import load_model
 from libs.engine.sampling import SamplingParams
-from tests.hf_reference import load_hf_reference
 
 pytestmark = pytest.mark.slow
 
@@ -27,14 +25,14 @@ PROMPTS = [
 NEW_TOKENS = 32
 
 
-@pytest.fixture(scope="module")
-def ours():
-    return load_model("smollm2")
+@pytest.fixture
+def ours(smollm2):
+    return smollm2
 
 
-@pytest.fixture(scope="module")
-def reference():
-    return load_hf_reference()
+@pytest.fixture
+def reference(hf_reference):
+    return hf_reference
 
 
 def _hf_greedy(model, ids: list[int], n: int) -> tuple[list[int], torch.Tensor]:

@@ -12,7 +12,7 @@ def tiny_mesh(tmp_path_factory):
     mesh.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # one module uses it; the real model idles no longer than that
 def smol_mesh(tmp_path_factory):
     mesh = start_mesh(tmp_path_factory.mktemp("smol"), model="smollm2")
     yield mesh

@@ -42,12 +42,15 @@ def words(n: int, salt: int = 0) -> str:
     return " ".join(WORDS[(i * 7 + salt) % len(WORDS)] for i in range(n))
 
 
-def mesh_fixture(name: str, faults: str = "", up_args: tuple[str, ...] = (), **kwargs):
-    """A module-scoped tiny mesh started with these faults and `pdmesh up` flags."""
+def mesh_fixture(name: str, faults: str = "", up_args: tuple[str, ...] = (),
+                 scope: str = "function", **kwargs):
+    """A tiny mesh started with these faults and `pdmesh up` flags. Function-scoped unless
+    several tests share it (scope="module"): a module-scoped mesh lives, idle but polling,
+    until its module ends, and this module would otherwise hold a dozen at once."""
     if faults:
         up_args = (*up_args, "--faults", faults)
 
-    @pytest.fixture(scope="module")
+    @pytest.fixture(scope=scope)
     def mesh(tmp_path_factory):
         started = start_mesh(tmp_path_factory.mktemp(name), model="tiny",
                              up_args=list(up_args), **kwargs)
@@ -373,7 +376,7 @@ async def test_m05_a_late_kv_ready_does_not_revive_a_failed_room(late_mesh):
 
 
 bounded_mesh = mesh_fixture("bounded", up_args=("--decode-args", "--max-rooms 4 --pinned-after 1",
-                                                 "--prefill-args", "--max-rooms 4"))
+                                                 "--prefill-args", "--max-rooms 4"), scope="module")
 
 
 async def test_m06_forged_messages_create_nothing_and_floods_are_refused(bounded_mesh):
@@ -448,7 +451,7 @@ async def test_status_names_a_pinned_room(bounded_mesh):
 
 
 kill_mesh = mesh_fixture("kill", f"pause_between_chunks={PAUSE}",
-                         up_args=["--router-args", "--retries 0"])
+                         up_args=["--router-args", "--retries 0"], scope="module")
 
 
 @pytest.mark.parametrize("victim", ["decode", "prefill"])

@@ -10,11 +10,10 @@ import pytest
 from libs.engine.engine import Engine
 from libs.engine.generate import generate
 from libs.engine.kvpool import KvPool
-from libs.engine.loader import load_model
 from libs.engine.sampling import SamplingParams
 from pdmesh.client import Done, GenerateClient
 from pdmesh.localmesh import wait_quiet
-from tests.hf_reference import hf_greedy, load_hf_reference
+from tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.slow
 
@@ -46,8 +45,8 @@ def test_openai_client_gets_a_coherent_answer(smol_mesh):
 
 
 @pytest.fixture(scope="module")
-def colocated():
-    loaded = load_model("smollm2")
+def colocated(smollm2):
+    loaded = smollm2
     pool = KvPool(loaded.config, 256, 16)
     return loaded, Engine(loaded.config, loaded.weights, pool)
 
@@ -63,9 +62,10 @@ async def _mesh_tokens(mesh, prompt: str) -> list[int]:
     return ids
 
 
-async def test_greedy_tokens_equal_transformers_and_colocated(smol_mesh, colocated):
+async def test_greedy_tokens_equal_transformers_and_colocated(smol_mesh, colocated,
+                                                              hf_reference):
     loaded, engine = colocated
-    reference = load_hf_reference()
+    reference = hf_reference
     for prompt in PROMPTS:
         mesh_ids = await _mesh_tokens(smol_mesh, prompt)
         assert len(mesh_ids) >= MIN_TOKENS, (prompt, mesh_ids)

@@ -19,3 +19,20 @@ def test_router_startup_does_not_import_torch():
                          timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "False"
+
+
+CLI = """
+import sys
+from pdmesh.cli import build_parser
+build_parser()
+print(sorted(m for m in ("torch", "nixl", "transformers") if m in sys.modules))
+"""
+
+
+def test_the_cli_builds_every_parser_without_torch():
+    """`pdmesh bootstrap|router|up` run through this parser: building it must not import
+    torch or NIXL (~3 s of CPU each), which only the prefill and decode need."""
+    out = subprocess.run([sys.executable, "-c", CLI], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
