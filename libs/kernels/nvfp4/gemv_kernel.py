@@ -116,36 +116,30 @@ mul.rn.f16x2 $0, h, c;
 """)  # 0x5800 = 2^7 in f16
 
 
-# PTX: one int32 word of 4 bytes b0..b3 and its block scale (16-bit, pre-multiplied) ->
-# the pairs (lo b0, lo b1), (lo b2, lo b3), (hi b0, hi b1), (hi b2, hi b3) as packed 16-bit
-# floats, each weight times the scale: linear_kernels' decode (same instructions, same
-# values) on a whole word, so the word never has to be split into bytes.
-_WORD_ASM = """
-{{
-.reg .b32 z, w4, p, s;
-mov.b32 z, 0;
-mov.b32 s, {{$5, $5}};
-shl.b32 w4, $4, 4;
-prmt.b32 p, w4, z, 0x9180;
-shl.b32 p, p, {sh};
-and.b32 p, p, {mask};
-mul.rn.{ty}x2 $0, p, s;
-prmt.b32 p, w4, z, 0xB3A2;
-shl.b32 p, p, {sh};
-and.b32 p, p, {mask};
-mul.rn.{ty}x2 $1, p, s;
-prmt.b32 p, $4, z, 0x9180;
-shl.b32 p, p, {sh};
-and.b32 p, p, {mask};
-mul.rn.{ty}x2 $2, p, s;
-prmt.b32 p, $4, z, 0xB3A2;
-shl.b32 p, p, {sh};
-and.b32 p, p, {mask};
-mul.rn.{ty}x2 $3, p, s;
-}}
-"""
-_WORD_ASM_BF16 = gl.constexpr(_WORD_ASM.format(**DECODE_BITS_BF16))
-_WORD_ASM_F16 = gl.constexpr(_WORD_ASM.format(**DECODE_BITS_F16))
+def word_asm(prmts: tuple[tuple[str, str, str], ...], bits: dict) -> str:
+    """PTX: one int32 word $4 of 4 bytes b0..b3 and its block scale $5 (16-bit,
+    pre-multiplied) -> four packed 16-bit pairs $0..$3, each weight times the scale:
+    linear_kernels' decode (same instructions, same values) on a whole word, so the word
+    never has to be split into bytes. Pair i comes from `prmt.b32 p, a, b, selector` with
+    prmts[i] = (a, b, selector): sources "w4" (the word shifted left by 4: low nibbles in
+    each byte's top half), "$4" (the word) or "z" (zero); then one shift, one mask and one
+    multiply. The selectors choose which nibbles pair up."""
+    uses_z = any("z" in (a, b) for a, b, _ in prmts)
+    lines = [".reg .b32 z, w4, p, s;" if uses_z else ".reg .b32 w4, p, s;"]
+    lines += ["mov.b32 z, 0;"] if uses_z else []
+    lines += ["mov.b32 s, {$5, $5};", "shl.b32 w4, $4, 4;"]
+    for i, (a, b, sel) in enumerate(prmts):
+        lines += [f"prmt.b32 p, {a}, {b}, {sel};", f"shl.b32 p, p, {bits['sh']};",
+                  f"and.b32 p, p, {bits['mask']};", f"mul.rn.{bits['ty']}x2 ${i}, p, s;"]
+    return "\n{\n" + "\n".join(lines) + "\n}\n"
+
+
+# The pairs (lo b0, lo b1), (lo b2, lo b3), (hi b0, hi b1), (hi b2, hi b3): x is permuted
+# to match (see the module docstring).
+_WORD_PRMTS = (("w4", "z", "0x9180"), ("w4", "z", "0xB3A2"), ("$4", "z", "0x9180"),
+               ("$4", "z", "0xB3A2"))
+_WORD_ASM_BF16 = gl.constexpr(word_asm(_WORD_PRMTS, DECODE_BITS_BF16))
+_WORD_ASM_F16 = gl.constexpr(word_asm(_WORD_PRMTS, DECODE_BITS_F16))
 
 
 @gluon.jit

@@ -46,42 +46,21 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gemm_kernel import tma_ready
-from .gemv_kernel import _SCALE_ASM_BF16, _SCALE_ASM_F16, _halves, _load_s2_bias
+from .gemv_kernel import _SCALE_ASM_BF16, _SCALE_ASM_F16, _halves, _load_s2_bias, word_asm
 from .linear_kernels import _DECODE, DECODE_BITS_BF16, DECODE_BITS_F16
 
-# PTX: gemv_kernel's word decode (_WORD_ASM_*) with other byte selectors, since x comes by
-# TMA in K order: prmt takes the word shifted left by 4 (w4) and the word itself as its
-# two sources, so each output register pairs byte j's low nibble (from w4) with its high
-# nibble (from the word). The pairs come out (lo b0, hi b0), (lo b1, hi b1), .. in K
-# order at the same 17 instructions per 8 weights (gemm_fragment's byte decode, on a whole
-# word), where re-pairing the word decode's (lo b0, lo b1), .. cost 4 more prmt a word
-# (576 x 576 at M = 256: 3.98 against 4.11 us in session `floors`, in the form before
-# XA). The same bits per nibble, so the same values.
-_NATURAL_ASM = """
-{{
-.reg .b32 w4, p, s;
-mov.b32 s, {{$5, $5}};
-shl.b32 w4, $4, 4;
-prmt.b32 p, w4, $4, 0xC480;
-shl.b32 p, p, {sh};
-and.b32 p, p, {mask};
-mul.rn.{ty}x2 $0, p, s;
-prmt.b32 p, w4, $4, 0xD591;
-shl.b32 p, p, {sh};
-and.b32 p, p, {mask};
-mul.rn.{ty}x2 $1, p, s;
-prmt.b32 p, w4, $4, 0xE6A2;
-shl.b32 p, p, {sh};
-and.b32 p, p, {mask};
-mul.rn.{ty}x2 $2, p, s;
-prmt.b32 p, w4, $4, 0xF7B3;
-shl.b32 p, p, {sh};
-and.b32 p, p, {mask};
-mul.rn.{ty}x2 $3, p, s;
-}}
-"""
-_NATURAL_ASM_BF16 = gl.constexpr(_NATURAL_ASM.format(**DECODE_BITS_BF16))
-_NATURAL_ASM_F16 = gl.constexpr(_NATURAL_ASM.format(**DECODE_BITS_F16))
+# gemv_kernel's word decode with other prmt sources, since x comes by TMA in K order: the
+# word shifted left by 4 (w4) and the word itself, so each output register pairs byte j's
+# low nibble (from w4) with its high nibble (from the word). The pairs come out (lo b0,
+# hi b0), (lo b1, hi b1), .. in K order at the same 17 instructions per 8 weights
+# (gemm_fragment's byte decode, on a whole word), where re-pairing the word decode's
+# (lo b0, lo b1), .. cost 4 more prmt a word (576 x 576 at M = 256: 3.98 against 4.11 us
+# in session `floors`, in the form before XA). The same bits per nibble, so the same
+# values.
+_NATURAL_PRMTS = (("w4", "$4", "0xC480"), ("w4", "$4", "0xD591"), ("w4", "$4", "0xE6A2"),
+                  ("w4", "$4", "0xF7B3"))
+_NATURAL_ASM_BF16 = gl.constexpr(word_asm(_NATURAL_PRMTS, DECODE_BITS_BF16))
+_NATURAL_ASM_F16 = gl.constexpr(word_asm(_NATURAL_PRMTS, DECODE_BITS_F16))
 
 MAX_K = 576  # SmolLM2's K (measured); x's 64 x K tile a warpgroup fills shared memory
 
@@ -90,7 +69,7 @@ MAX_K = 576  # SmolLM2's K (measured); x's 64 x K tile a warpgroup fills shared 
 def layouts(bn: int, num_warps: int):
     """(words [bn, 8] per K chunk of 64, accumulator [16 num_warps tokens, bn]) register
     layouts and the shared layout of an x or weight chunk. Each thread holds
-    bn * 8 / (32 num_warps) words of a chunk (1 or 2 at 16 or 32 rows on 4 warps); 8 warps
+    bn * 8 / (32 num_warps) words of a chunk (1, 2 or 4 at 16, 32, 64 rows on 4 warps); 8 warps
     are two warpgroups, each with its own 64 tokens."""
     per = bn * 8 // (32 * num_warps)
     wl = gl.BlockedLayout([1, per], [32 * per // 8, 8 // per], [num_warps, 1], [1, 0])
