@@ -10,7 +10,7 @@ K:
 - every load of the program (the weight words and block scales of all K, s2 and the
   bias, and its x tile by TMA) is issued at once, so it pays one memory latency;
 - its weights are decoded once (linear_kernels' decode, 17 instructions per 8 weights,
-  the pairs in K order: _NATURAL_ASM) into shared memory;
+  the pairs in K order: _NATURAL_PRMTS) into shared memory;
 - one barrier, then every wgmma is issued back to back, x as the A operand (the tokens
   are the MMA's M) and the decoded weights as B, and waited for once.
 
