@@ -108,10 +108,13 @@ def test_linear_routes_smollm2_layers_here():
     assert lk.route(x, packed, scales, out)[0] == "small"
     assert lk.route(x[:1], packed, scales, out[:1])[0] == "small"
     down, down_scales, _ = cuda_weight(576, 1536, torch.bfloat16, seed=9)
-    x_down = torch.randn(100, 1536, device=CUDA, dtype=torch.bfloat16)
-    assert lk.route(x_down, down, down_scales, out)[0] == "triton"
     x_down = torch.randn(256, 1536, device=CUDA, dtype=torch.bfloat16)
     out_down = torch.empty(256, 576, device=CUDA, dtype=torch.bfloat16)
-    assert lk.route(x_down, down, down_scales, out_down)[0] == "gemm"  # 129-256 tokens
+    assert lk.route(x_down[:16], down, down_scales, out_down[:16])[0] == "triton"
+    assert lk.route(x_down[:17], down, down_scales, out_down[:17])[0] == "small_phased"
+    assert lk.route(x_down, down, down_scales, out_down)[0] == "small_phased"
+    wide, wide_scales, _ = cuda_weight(2048, 1536, torch.bfloat16, seed=10)
+    out_wide = torch.empty(256, 2048, device=CUDA, dtype=torch.bfloat16)
+    assert lk.route(x_down, wide, wide_scales, out_wide)[0] == "gemm"  # 256 programs
     check_linear_exact(nvfp4_linear(x, packed, scales, s2), x, packed, scales, s2, None,
                        torch.bfloat16)

@@ -46,8 +46,10 @@ its previous wgmma runs: ~155 us at M = 256, torch 171-175 us; 75 us at M = 64, 
 128-142 us), layers under 2^22 weights with K up to 576 to small_kernel.py (one decode
 per tile of 16-32 weight rows into shared memory, then wgmma with x as A: SmolLM2's
 576 x 576 at M = 256 in ~3.5 us against ~5.6 us here, at M = 1 ~3.1 against ~4.9 us),
-and at 129-256 tokens the small layers it declines (SmolLM2's down projection, K = 1536)
-to gemm_kernel.py as well (~6.5 against ~7.8 us at M = 256); everything else runs here.
+17 tokens or more on small layers with longer K (SmolLM2's down projection, K = 1536) to
+small_phased_kernel.py (the same form with x streamed through a ring of shared buffers:
+~5.0 against ~6.3 us here at M = 128, ~6.2 against the GEMM's ~6.5 at M = 256), and the
+small layers both decline at 129-256 tokens to gemm_kernel.py; everything else runs here.
 
 Numerics versus reference.linear: the reference rounds w * s2 to x.dtype for every weight,
 then cuBLAS sums bf16 products in fp32 in its own order. Here the weights are exact, the
@@ -417,8 +419,9 @@ def route(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
           out: torch.Tensor) -> tuple[str, dict]:
     """Which kernel computes out = x2 @ W.T, and its config: ("gemv", cfg) for a few tokens
     on long rows (gemv_kernel), ("small", cfg) for small layers with K up to 576
-    (small_kernel), ("gemm", cfg) for many tokens on large layers and at 129-256 tokens on
-    the small layers small_kernel declines (gemm_kernel), else
+    (small_kernel), ("small_phased", cfg) for 17 tokens and more on small layers with
+    longer K (small_phased_kernel), ("gemm", cfg) for many tokens on large layers and on
+    the small layers both decline (gemm_kernel), else
     ("triton", cfg) for this module's kernel. The Gluon kernels need
     CUDA tensors (Gluon has no CPU interpreter) and addresses they can read as words or
     TMA descriptors."""
@@ -434,6 +437,10 @@ def route(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         cfg = small and small.readable(x2, packed) and small.pick_config(m, n, k, sms)
         if cfg:
             return "small", cfg
+        phased = _gluon("small_phased_kernel")
+        cfg = phased and small.readable(x2, packed) and phased.pick_config(m, n, k, sms)
+        if cfg:
+            return "small_phased", cfg
         gemm = _gluon("gemm_kernel")
         cfg = gemm and gemm.viewable(x2, packed, scales, out) and gemm.pick_config(m, n, k, sms)
         if cfg:

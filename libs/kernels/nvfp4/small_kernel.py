@@ -21,10 +21,8 @@ M = 256 in 3.48 us against 3.98 (torch 3.77), 192 x 576 in 2.94 against 3.70 (3.
 576 x 576 at M = 1 3.10 against 3.43 (3.59), three interleaved rounds on an H200
 (docs/notes/nvfp4-triton.md, sessions `small-pipelines`, `small-wgmma`, `small-tma-x`,
 `floors`). An x that TMA cannot read (a misaligned view) goes to linear_kernels' Triton
-kernel (`readable`). K = 1536 (SmolLM2's down projection) measured slower in the earlier
-form, in phases of K through a ring of shared buffers (7.5-8.9 against the Triton
-kernel's 4.65-7.85 us) and split across programs (8.1 against the GEMM's 6.5 at M =
-256), and goes to gemm_kernel or the Triton kernel.
+kernel (`readable`). Longer K (SmolLM2's down projection, K = 1536) does not fit x's
+tile in shared memory: small_phased_kernel streams it through a ring.
 
 Numerics equal linear_kernels' (the same exact decoded weights, fp32 accumulation, s2 and
 the power of two in the epilogue).

@@ -1,0 +1,159 @@
+"""NVFP4 weight-only linear for small layers with K past 576 in Gluon: small_kernel's form
+(x as wgmma's A operand, 16-32 weight rows a program decoded once into shared memory)
+with x streamed through a ring of shared buffers.
+
+One program's x tile is 64 tokens x K x 2 bytes: 196 KB at SmolLM2's down projection
+(576 x 1536), past what shared memory holds beside the decoded weights. So the weights of
+all K are loaded at once and decoded up front (BN x K x 2 bytes: 48 KB at 16 rows, 96 KB
+at 32), while x arrives by TMA in XS slots of XC chunks (64 K each); phase p multiplies
+slot p % XS, and once its wgmmas are issued the slot phase p - 1 used is refilled with
+phase p - 1 + XS's chunks, after a wait that leaves only phase p's wgmmas in flight.
+
+Measured on an H200 (docs/notes/nvfp4-triton.md, session `phases`), 576 x 1536, three
+interleaved rounds in the bench's graph timer: M = 64 4.94-4.98 us against 5.26-5.33 for
+linear_kernels' Triton kernel (torch 5.06-5.13), M = 128 4.96-5.02 against 6.28-6.33
+(5.14-5.21); at M = 256 (32 rows, 72 programs) 6.19-6.29 against the GEMM's 6.42-6.50
+(5.21-5.25). At 1-16 tokens the Triton kernel stays faster (4.59-4.64 against 5.08-5.10).
+Shallower rings lost (3 slots of 2 chunks 5.45-5.47 us at M = 64-128, 2 of 4 5.79),
+so did 128-token tiles on one or two warpgroups (7.0-9.7) and K split across two
+warpgroups (6.4-8.8).
+
+Numerics equal small_kernel's (the same exact decoded weights, fp32 accumulation, s2 and
+the power of two in the epilogue).
+"""
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .gemv_kernel import _load_s2_bias
+from .linear_kernels import _DECODE
+from .small_kernel import _decode_chunk, layouts, tma_ready
+
+XC = 4  # chunks of 64 K a ring slot
+XS = 3  # ring slots: 3 x 4 x 64 tokens x 64 x 2 bytes = 96 KB of x
+
+
+@gluon.jit
+def _fill(x_desc, x_ring, bars, slot: gl.constexpr, phase: gl.constexpr, row,
+          XC: gl.constexpr):
+    """TMA phase `phase`'s XC x chunks into ring slot `slot`, arriving on its barrier."""
+    mbarrier.expect(bars.index(slot), XC * x_desc.block_type.nbytes)
+    for j in gl.static_range(XC):
+        tma.async_copy_global_to_shared(x_desc, [row, (phase * XC + j) * 64],
+                                        bars.index(slot), x_ring.index(slot * XC + j))
+
+
+@gluon.jit
+def _phased_kernel(
+    x_desc, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr,
+    M, N, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
+    HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
+    XC: gl.constexpr, XS: gl.constexpr, OUT_LOG2: gl.constexpr,
+    WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr,
+):
+    """out[tokens, rows] for 64 tokens and BN weight rows, as small_kernel's, with x in
+    NP phases through the ring."""
+    NP: gl.constexpr = KC // XC  # phases
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    dtype: gl.constexpr = x_desc.dtype
+    rows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)
+    word = gl.arange(0, 8, layout=gl.SliceLayout(0, WL))
+    w_ptrs = w_ptr + rows[:, None].to(gl.int64) * stride_w + word[None, :]
+    s_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_s + (word // 2)[None, :]
+    out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC))
+    s2, bias = _load_s2_bias(s2_ptr, bias_ptr, out_rows, N, HAS_BIAS)
+    words = ()
+    scales = ()
+    for c in gl.static_range(KC):  # every weight load in flight before the first is used
+        words = words + (gl.load(w_ptrs + c * 8),)
+        scales = scales + (gl.load(s_ptrs + c * 4),)
+    x_ring = gl.allocate_shared_memory(dtype, [XS * XC] + x_desc.block_type.shape, SW)
+    bars = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
+    for s in gl.static_range(XS):
+        mbarrier.init(bars.index(s), count=1)
+    fence_async_shared()
+    for s in gl.static_range(XS):
+        if s < NP:
+            _fill(x_desc, x_ring, bars, s, s, pid_m * BM, XC)
+    gl.thread_barrier()  # pins the loads above before the decode (see small_kernel)
+    w_bufs = ()
+    for c in gl.static_range(KC):
+        w_bufs = w_bufs + (gl.allocate_shared_memory(
+            dtype, [BN, 64], SW, _decode_chunk(words[c], scales[c], dtype)),)
+    fence_async_shared()  # the generic stores above before wgmma's async reads
+    gl.thread_barrier()
+    acc = gl.zeros([BM, BN], gl.float32, ACC)
+    for p in gl.static_range(NP):
+        mbarrier.wait(bars.index(p % XS), (p // XS) % 2)
+        for j in gl.static_range(XC):
+            acc = warpgroup_mma(x_ring.index((p % XS) * XC + j),
+                                w_bufs[p * XC + j].permute((1, 0)), acc, is_async=True)
+        if p >= 1:
+            if p - 1 + XS < NP:
+                # only phase p's wgmmas may still read the ring: phase p - 1's slot is free
+                acc = warpgroup_mma_wait(XC, deps=(acc,))
+                gl.thread_barrier()
+                _fill(x_desc, x_ring, bars, (p - 1) % XS, p - 1 + XS, pid_m * BM, XC)
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    for s in gl.static_range(XS):
+        mbarrier.invalidate(bars.index(s))
+    toks = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, ACC))
+    y = (acc * (2.0**OUT_LOG2)) * s2  # the power of two is exact
+    if HAS_BIAS:
+        y += bias[None, :]
+    ptrs = out_ptr + toks[:, None].to(gl.int64) * stride_om + out_rows[None, :]
+    gl.store(ptrs, y.to(out_ptr.dtype.element_ty),
+             mask=(toks < M)[:, None] & (out_rows < N)[None, :])
+
+
+def fits(m: int, k: int, cfg: dict) -> bool:
+    """K in whole phases of XC chunks, at least XS of them, the weights' shared memory
+    (BN x K x 2 bytes) beside the ring under 227 KB."""
+    bn = cfg.get("BN", 16)
+    return (k % (64 * XC) == 0 and k // (64 * XC) >= XS
+            and bn * k * 2 + XS * XC * 64 * 64 * 2 <= 220 * 1024)
+
+
+def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
+    """The config for an [m, k] x [n, k]^T product, or None where another kernel runs:
+    1-16 tokens (linear_kernels' Triton kernel measured faster), layers of 2^22 weights
+    or more, K this kernel does not fit, and token counts past one wave at 32 rows. The
+    fewest rows (16, then 32) whose programs fit in one wave, as small_kernel picks: at
+    M = 256 16 rows take 144 programs (8.68-8.75 us) and 32 rows 72 (6.29)."""
+    if m <= 16 or n * k >= 2**22:
+        return None
+    for bn in (16, 32):
+        cfg = dict(BN=bn, num_warps=4)
+        if fits(m, k, cfg) and triton.cdiv(n, bn) * triton.cdiv(m, 64) <= sms:
+            return cfg
+    return None
+
+
+def launch(x2, packed, scales, s2, bias, out, cfg):
+    """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, num_warps=4); requires
+    fits(M, K, cfg), small_kernel.readable(x2, packed) and unit strides along K."""
+    m, k = x2.shape
+    n = packed.shape[0]
+    bn, w = cfg["BN"], cfg.get("num_warps", 4)
+    assert fits(m, k, cfg) and tma_ready(x2) and w == 4 and bn in (16, 32), (m, k, cfg)
+    bm = 64
+    wl, acc, sw = layouts(bn, w)
+    x_desc = TensorDescriptor.from_tensor(x2, [bm, 64], sw)
+    words = packed.view(torch.int32)
+    _phased_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
+        x_desc, words, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
+        m, n, words.stride(0), scales.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=XS,
+        OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, num_warps=w)
+    return out

@@ -1,0 +1,46 @@
+"""The phased small kernel (libs/kernels/nvfp4/small_phased_kernel.py): x streamed through
+a ring of shared buffers, against the exact product. GPU only (`gpu`)."""
+
+import pytest
+import torch
+
+from .nvfp4_helpers import count_exact_on_shapes, gluon_kernel, repeated_launches
+
+pytestmark = pytest.mark.gpu
+ph = gluon_kernel("small_phased_kernel")
+CONFIGS = [dict(BN=16, num_warps=4), dict(BN=32, num_warps=4)]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"bn{c['BN']}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_phased_matches_exact(cfg, dtype):
+    # SmolLM2's down projection (K = 1536, 6 phases) at ragged and whole token counts, a
+    # ragged N, and K = 768 (3 phases: the ring filled once, never refilled); bias on odd M
+    shapes = ((576, 1536, 1), (576, 1536, 17), (576, 1536, 64), (576, 1536, 130),
+              (576, 1536, 256), (200, 1536, 40), (200, 768, 33))
+    assert count_exact_on_shapes(ph, cfg, shapes, dtype) == len(shapes)
+
+
+def test_phased_is_deterministic():
+    outs = repeated_launches(ph, CONFIGS[0], n=576, k=1536, m=100)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_phased_fits():
+    assert ph.fits(64, 1536, CONFIGS[0]) and ph.fits(64, 1536, CONFIGS[1])
+    assert ph.fits(64, 768, CONFIGS[0])
+    assert not ph.fits(64, 512, CONFIGS[0])  # two phases: fewer than the ring's slots
+    assert not ph.fits(64, 1600, CONFIGS[0])  # not whole phases of 256
+    assert not ph.fits(64, 4096, CONFIGS[1])  # 32 x 4096 x 2 bytes of weights
+
+
+def test_phased_pick_config():
+    # SmolLM2's down projection: 16 rows while they fit in one wave, then 32
+    assert ph.pick_config(17, 576, 1536) == ph.pick_config(128, 576, 1536) == CONFIGS[0]
+    assert ph.pick_config(129, 576, 1536) == CONFIGS[0]  # 108 programs
+    assert ph.pick_config(256, 576, 1536) == CONFIGS[1]  # 16 rows: 144 programs
+    assert ph.pick_config(16, 576, 1536) is None  # the Triton kernel is faster
+    assert ph.pick_config(512, 576, 1536) is None  # past one wave at 32 rows
+    assert ph.pick_config(256, 2048, 1536) is None  # 256 programs
+    assert ph.pick_config(64, 4096, 4096) is None  # a large layer
+    assert ph.pick_config(64, 576, 1600) is None  # K not in whole phases
