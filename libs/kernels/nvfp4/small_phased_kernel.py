@@ -5,18 +5,19 @@ with x streamed through a ring of shared buffers.
 One program's x tile is 64 tokens x K x 2 bytes: 196 KB at SmolLM2's down projection
 (576 x 1536), past what shared memory holds beside the decoded weights. So the weights of
 all K are loaded at once and decoded up front (BN x K x 2 bytes: 48 KB at 16 rows, 96 KB
-at 32), while x arrives by TMA in XS slots of XC chunks (64 K each); phase p multiplies
-slot p % XS, and once its wgmmas are issued the slot phase p - 1 used is refilled with
-phase p - 1 + XS's chunks, after a wait that leaves only phase p's wgmmas in flight.
+at 32), while x arrives by TMA in XS slots of XC chunks (64 K each), one box a slot (x
+viewed as [chunk, token, K in chunk]); phase p multiplies slot p % XS, and once its
+wgmmas are issued the slot phase p - 1 used is refilled with phase p - 1 + XS's chunks,
+after a wait that leaves only phase p's wgmmas in flight.
 
 Measured on an H200 (docs/notes/nvfp4-triton.md, session `phases`), 576 x 1536, three
-interleaved rounds in the bench's graph timer: M = 64 4.94-4.98 us against 5.26-5.33 for
-linear_kernels' Triton kernel (torch 5.06-5.13), M = 128 4.96-5.02 against 6.28-6.33
-(5.14-5.21); at M = 256 (32 rows, 72 programs) 6.19-6.29 against the GEMM's 6.42-6.50
-(5.21-5.25). At 1-16 tokens the Triton kernel stays faster (4.59-4.64 against 5.08-5.10).
-Shallower rings lost (3 slots of 2 chunks 5.45-5.47 us at M = 64-128, 2 of 4 5.79),
-so did 128-token tiles on one or two warpgroups (7.0-9.7) and K split across two
-warpgroups (6.4-8.8).
+interleaved rounds in the bench's graph timer: M = 64 ~5.0 us against 5.26-5.33 for
+linear_kernels' Triton kernel (torch 5.06-5.13), M = 128 ~5.0 against 6.28-6.33
+(5.14-5.21), M = 256 (32 rows, 72 programs) 5.79 against the GEMM's 6.42-6.50 (5.24).
+At 1-16 tokens the Triton kernel stays faster (4.59-4.64 against 5.08-5.10). A copy per
+chunk instead of per slot: 4.93-5.13 at 32-192 tokens, 6.34 at 256. Shallower rings lost
+(3 slots of 2 chunks 5.45-5.47 us at M = 64-128, 2 of 4 5.79), so did 128-token tiles on
+one or two warpgroups (7.0-9.7) and K split across two warpgroups (6.4-8.8).
 
 Numerics equal small_kernel's (the same exact decoded weights, fp32 accumulation, s2 and
 the power of two in the epilogue).
@@ -40,17 +41,18 @@ from .linear_kernels import _DECODE
 from .small_kernel import _decode_chunk, layouts, tma_ready
 
 XC = 4  # chunks of 64 K a ring slot
+_BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
 XS = 3  # ring slots: 3 x 4 x 64 tokens x 64 x 2 bytes = 96 KB of x
 
 
 @gluon.jit
 def _fill(x_desc, x_ring, bars, slot: gl.constexpr, phase: gl.constexpr, row,
           XC: gl.constexpr):
-    """TMA phase `phase`'s XC x chunks into ring slot `slot`, arriving on its barrier."""
-    mbarrier.expect(bars.index(slot), XC * x_desc.block_type.nbytes)
-    for j in gl.static_range(XC):
-        tma.async_copy_global_to_shared(x_desc, [row, (phase * XC + j) * 64],
-                                        bars.index(slot), x_ring.index(slot * XC + j))
+    """TMA phase `phase`'s XC x chunks into ring slot `slot` as one box (x viewed as
+    [chunk, token, K in chunk]), arriving on the slot's barrier."""
+    mbarrier.expect(bars.index(slot), x_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(x_desc, [phase * XC, row, 0], bars.index(slot),
+                                    x_ring[slot])
 
 
 @gluon.jit
@@ -78,7 +80,13 @@ def _phased_kernel(
     for c in gl.static_range(KC):  # every weight load in flight before the first is used
         words = words + (gl.load(w_ptrs + c * 8),)
         scales = scales + (gl.load(s_ptrs + c * 4),)
-    x_ring = gl.allocate_shared_memory(dtype, [XS * XC] + x_desc.block_type.shape, SW)
+    # a slot per allocation in the box's 3D layout, read by wgmma as [BM, 64] tiles
+    x_ring = ()
+    x_tiles = ()
+    for _ in gl.static_range(XS):
+        slot = gl.allocate_shared_memory(dtype, [XC, BM, 64], x_desc.layout)
+        x_ring = x_ring + (slot,)
+        x_tiles = x_tiles + (slot._reinterpret(dtype, [XC, BM, 64], SW),)
     bars = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(XS):
         mbarrier.init(bars.index(s), count=1)
@@ -97,7 +105,7 @@ def _phased_kernel(
     for p in gl.static_range(NP):
         mbarrier.wait(bars.index(p % XS), (p // XS) % 2)
         for j in gl.static_range(XC):
-            acc = warpgroup_mma(x_ring.index((p % XS) * XC + j),
+            acc = warpgroup_mma(x_tiles[p % XS].index(j),
                                 w_bufs[p * XC + j].permute((1, 0)), acc, is_async=True)
         if p >= 1:
             if p - 1 + XS < NP:
@@ -149,7 +157,10 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     assert fits(m, k, cfg) and tma_ready(x2) and w == 4 and bn in (16, 32), (m, k, cfg)
     bm = 64
     wl, acc, sw = layouts(bn, w)
-    x_desc = TensorDescriptor.from_tensor(x2, [bm, 64], sw)
+    # x as [chunk, token, K in chunk]: a slot's XC chunks are one TMA box (one copy of
+    # four chunks took 5.79 us at M = 256 against 6.34 for four copies)
+    x3 = x2.as_strided((k // 64, m, 64), (64, x2.stride(0), 1))
+    x_desc = TensorDescriptor.from_tensor(x3, [XC, bm, 64], _BOX_LAYOUT)
     words = packed.view(torch.int32)
     _phased_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
         x_desc, words, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
