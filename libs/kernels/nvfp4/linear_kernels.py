@@ -48,7 +48,7 @@ per tile of 16-32 weight rows into shared memory, then wgmma with x as A: SmolLM
 576 x 576 at M = 256 in ~3.5 us against ~5.6 us here, at M = 1 ~3.1 against ~4.9 us),
 17 tokens or more on small layers with longer K (SmolLM2's down projection, K = 1536) to
 small_phased_kernel.py (the same form with x streamed through a ring of shared buffers:
-~5.0 against ~6.3 us here at M = 128, ~6.2 against the GEMM's ~6.5 at M = 256), and the
+~5.0 against ~6.3 us here at M = 128, ~5.8 against the GEMM's ~6.4 at M = 256), and the
 small layers both decline at 129-256 tokens to gemm_kernel.py; everything else runs here.
 
 Numerics versus reference.linear: the reference rounds w * s2 to x.dtype for every weight,

@@ -41,8 +41,9 @@ from .linear_kernels import _DECODE
 from .small_kernel import _decode_chunk, layouts, tma_ready
 
 XC = 4  # chunks of 64 K a ring slot
-_BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
 XS = 3  # ring slots: 3 x 4 x 64 tokens x 64 x 2 bytes = 96 KB of x
+# a slot's box [XC, 64 tokens, 64 K], 128-byte swizzled as wgmma reads each [64, 64] tile
+_BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
 
 
 @gluon.jit
