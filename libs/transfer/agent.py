@@ -32,13 +32,16 @@ class Transfer:
     """Handle of one posted WRITE. Terminal poll results are cached: NIXL is not asked twice."""
 
     def __init__(self, handle: nixl_xfer_handle, agent: nixl_agent, first: str, size: int,
-                 descs: int) -> None:
+                 descs: int, live: set[Transfer] | None = None) -> None:
         self._handle = handle
         self._agent = agent
+        self._live = live if live is not None else set()  # the owner's unreleased handles
+        self._live.add(self)
         self._state = first
         self.bytes = size
         self.descriptors = descs
         self.released = False
+        self.withheld = False  # its owner gave up fencing it and keeps its pages (not a leak)
         self.error = ""  # why the backend ended it in ERR, when it said
 
     def poll(self) -> str:
@@ -71,6 +74,7 @@ class Transfer:
             log.warning("release of in-flight transfer refused: %s", exc)
             return False
         self.released = True
+        self._live.discard(self)
         return True
 
 
@@ -115,6 +119,7 @@ class KvAgent:
         self._agent.create_backend("UCX", backend_params or {})
         self._reg = self._agent.register_memory(pool_tensor)
         self._peers: set[str] = set()
+        self._live: set[Transfer] = set()  # posted writes whose handles are not released
         self._notif_errors = 0
         self._notif_error_logged = -NOTIF_ERROR_LOG_EVERY_S
 
@@ -129,6 +134,11 @@ class KvAgent:
     @property
     def peers(self) -> frozenset[str]:
         return frozenset(self._peers)
+
+    @property
+    def unreleased(self) -> int:
+        """Posted writes whose handles are not released yet (in flight, or never fenced)."""
+        return len(self._live)
 
     def add_peer(self, metadata: bytes) -> str:
         """Load a peer's metadata; returns its agent name.
@@ -211,7 +221,7 @@ class KvAgent:
                 log.warning("release after a failed post refused: %s", again)
             raise TransferFailed(f"{type(exc).__name__}: {exc}") from exc
         size = len(src_pages) * self._layout.page_bytes
-        return Transfer(handle, self._agent, first, size, len(runs))
+        return Transfer(handle, self._agent, first, size, len(runs), self._live)
 
     def get_notifs(self) -> list[tuple[str, bytes]]:
         """New notifications since the last call, as (peer agent name, message).
@@ -232,11 +242,26 @@ class KvAgent:
             return []
         return [(peer, msg) for peer, msgs in notifs.items() for msg in msgs]
 
-    def close(self) -> None:
-        """Drop peers and deregister the pool. Call once, from the owner, at shutdown."""
+    def close(self) -> int:
+        """Release what is still held, drop peers, deregister the pool; call once, from the
+        owner, at shutdown. Returns how many transfer handles were still unreleased.
+
+        Every write a service posts is fenced and released before its pages are reused, so
+        a handle left here is a leak unless its owner marked it ``withheld`` (a fence that
+        never came: the pages were kept out of use instead). Counting leaks here, not at
+        interpreter exit (where UCX aborts the process over a leaked request), lets a clean
+        stop say so and lets the process end without that teardown."""
+        leaked = sum(not t.withheld for t in self._live)
+        withheld = len(self._live) - leaked
+        if withheld:
+            log.warning("%d transfers were withheld unfenced; releasing them at close",
+                        withheld)
+        for transfer in list(self._live):
+            transfer.release()
         for name in list(self._peers):
             self.remove_peer(name)
         try:
             self._agent.deregister_memory(self._reg)
         except NIXL_ERRORS as exc:
             log.warning("deregister_memory failed: %s", exc)
+        return leaked

@@ -310,6 +310,8 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             else:
                 log.error("room %s: writes not fenced; %d pages withheld",
                           job.key, len(job.pages))
+                for transfer in job.transfers:  # kept with the pages, not leaked
+                    transfer.withheld = not transfer.released
             self.table.remove(job.key)
             self.jobs.pop(job.key, None)
             self.ended.add(job.key)

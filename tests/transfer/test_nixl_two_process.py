@@ -34,7 +34,7 @@ def prefill() -> KvAgent:
     agent = KvAgent(f"prefill-{next(_names)}", pool, PAGE_BYTES)
     agent.pool = pool  # type: ignore[attr-defined]  # test access to the source bytes
     yield agent
-    agent.close()
+    assert agent.close() == 0  # every test releases what it posts
 
 
 def _write_and_check(prefill: KvAgent, peer: Peer, name: str, tag: bytes) -> None:
@@ -114,5 +114,28 @@ def test_layout_mismatch_refused(prefill: KvAgent) -> None:
         layout = PoolLayout.from_dict(peer.layout_dict)
         with pytest.raises(LayoutMismatch):
             prefill.write_pages(name, layout, [0], [0])
+    finally:
+        peer.stop()
+
+
+def test_close_counts_handles_never_released() -> None:
+    """A write whose handle is never released is a leak that close() reports (a clean
+    stop then fails on it); one its owner marked withheld is not counted."""
+    pool = torch.zeros((PAGES, PAGE_BYTES), dtype=torch.uint8)
+    agent = KvAgent(f"prefill-{next(_names)}", pool, PAGE_BYTES)
+    peer = Peer("decode-l", PAGES, PAGE_BYTES)
+    try:
+        name = agent.add_peer(peer.metadata)
+        layout = PoolLayout.from_dict(peer.layout_dict)
+        import anyio
+
+        kept = [agent.write_pages(name, layout, [i], [i]) for i in range(3)]
+        for xfer in kept:
+            anyio.run(wait, xfer, time.monotonic() + 10)
+        assert agent.unreleased == 3
+        assert kept[0].release() and agent.unreleased == 2
+        kept[1].withheld = True
+        assert agent.close() == 1  # kept[2]; kept[1] was withheld
+        assert agent.unreleased == 0 and all(x.released for x in kept)
     finally:
         peer.stop()
