@@ -1,5 +1,6 @@
 """transfer: KV page transfer over NIXL (one agent per process, one owner thread)."""
 
+from libs.member.formats import FORMATS
 from libs.transfer.agent import KvAgent, Transfer
 from libs.transfer.errors import (
     LayoutMismatch,
@@ -9,7 +10,7 @@ from libs.transfer.errors import (
     TransferTimeout,
     UnknownPeer,
 )
-from libs.transfer.kvwire import FORMATS, Nvfp4PageFormat, UnsupportedKvShape
+from libs.transfer.kvwire import Nvfp4PageFormat, UnsupportedKvShape
 from libs.transfer.layout import PoolLayout, Run, coalesce
 from libs.transfer.staging import KvWire
 from libs.transfer.wait import wait

@@ -40,7 +40,6 @@ import torch
 
 from libs.kernels.nvfp4 import reference
 from libs.kernels.nvfp4.format import BLOCK
-from libs.member.formats import FORMATS, NATIVE, NVFP4  # noqa: F401 (re-exported)
 
 SLOT_ALIGN = 16
 

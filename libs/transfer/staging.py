@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
-from libs.transfer.kvwire import FORMATS, NATIVE, Nvfp4PageFormat
+from libs.member.formats import FORMATS, NATIVE
+from libs.transfer.kvwire import Nvfp4PageFormat
 
 
 class KvWire:

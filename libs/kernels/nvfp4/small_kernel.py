@@ -117,6 +117,57 @@ def _x_by_tma(x_desc, row, KC: gl.constexpr, SW: gl.constexpr):
 
 
 @gluon.jit
+def _load_rows(w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s,
+               HAS_BIAS: gl.constexpr, BN: gl.constexpr, KC: gl.constexpr,
+               WL: gl.constexpr, ACC: gl.constexpr):
+    """Issue every load of program pid_n's BN weight rows: the words and block scale bytes
+    of all KC chunks (in WL, all in flight before the first is used), s2 and the bias (in
+    the accumulator's row layout). Returns (words, scales, out_rows, s2, bias)."""
+    rows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)
+    word = gl.arange(0, 8, layout=gl.SliceLayout(0, WL))
+    w_ptrs = w_ptr + rows[:, None].to(gl.int64) * stride_w + word[None, :]
+    s_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_s + (word // 2)[None, :]
+    out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC))
+    s2, bias = _load_s2_bias(s2_ptr, bias_ptr, out_rows, N, HAS_BIAS)
+    words = ()
+    scales = ()
+    for c in gl.static_range(KC):
+        words = words + (gl.load(w_ptrs + c * 8),)
+        scales = scales + (gl.load(s_ptrs + c * 4),)
+    return words, scales, out_rows, s2, bias
+
+
+@gluon.jit
+def _decode_to_shared(words, scales, SW: gl.constexpr, dtype: gl.constexpr):
+    """Each chunk's decoded [BN, 64] weights in its own shared buffer (wgmma's B), fenced
+    for the async reads. The first barrier pins the loads issued before it ahead of the
+    decode."""
+    gl.thread_barrier()
+    w_bufs = ()
+    for c in gl.static_range(len(words)):
+        w_bufs = w_bufs + (gl.allocate_shared_memory(
+            dtype, [words[c].shape[0], 64], SW, _decode_chunk(words[c], scales[c], dtype)),)
+    fence_async_shared()  # the generic stores above before wgmma's async reads
+    gl.thread_barrier()
+    return w_bufs
+
+
+@gluon.jit
+def _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om,
+                  HAS_BIAS: gl.constexpr, OUT_LOG2: gl.constexpr):
+    """out[tokens, rows] = acc * 2^OUT_LOG2 * s2 (+ bias) for program pid_m's tokens,
+    masked to M and N: each token's rows are contiguous."""
+    BM: gl.constexpr = acc.shape[0]
+    toks = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, acc.type.layout))
+    y = (acc * (2.0**OUT_LOG2)) * s2  # the power of two is exact
+    if HAS_BIAS:
+        y += bias[None, :]
+    ptrs = out_ptr + toks[:, None].to(gl.int64) * stride_om + out_rows[None, :]
+    gl.store(ptrs, y.to(out_ptr.dtype.element_ty),
+             mask=(toks < M)[:, None] & (out_rows < N)[None, :])
+
+
+@gluon.jit
 def _small_kernel(
     x_desc, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr,
     M, N, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
@@ -128,39 +179,17 @@ def _small_kernel(
     B) over the whole K; the store writes each token's rows contiguously."""
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
-    dtype: gl.constexpr = x_desc.dtype
-    rows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)
-    word = gl.arange(0, 8, layout=gl.SliceLayout(0, WL))
-    w_ptrs = w_ptr + rows[:, None].to(gl.int64) * stride_w + word[None, :]
-    s_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_s + (word // 2)[None, :]
-    out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC))
-    s2, bias = _load_s2_bias(s2_ptr, bias_ptr, out_rows, N, HAS_BIAS)
-    words = ()
-    scales = ()
-    for c in gl.static_range(KC):  # every load in flight before the first is used
-        words = words + (gl.load(w_ptrs + c * 8),)
-        scales = scales + (gl.load(s_ptrs + c * 4),)
+    words, scales, out_rows, s2, bias = _load_rows(
+        w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL, ACC)
     x_smem, x_bar = _x_by_tma(x_desc, pid_m * BM, KC, SW)
-    gl.thread_barrier()
-    w_bufs = ()
-    for c in gl.static_range(KC):
-        w_bufs = w_bufs + (gl.allocate_shared_memory(
-            dtype, [BN, 64], SW, _decode_chunk(words[c], scales[c], dtype)),)
-    fence_async_shared()  # the generic stores above before wgmma's async reads
-    gl.thread_barrier()
+    w_bufs = _decode_to_shared(words, scales, SW, x_desc.dtype)
     mbarrier.wait(x_bar.index(0), 0)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
     for c in gl.static_range(KC):
         acc = warpgroup_mma(x_smem.index(c), w_bufs[c].permute((1, 0)), acc, is_async=True)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     mbarrier.invalidate(x_bar.index(0))
-    toks = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, ACC))
-    y = (acc * (2.0**OUT_LOG2)) * s2  # the power of two is exact
-    if HAS_BIAS:
-        y += bias[None, :]
-    ptrs = out_ptr + toks[:, None].to(gl.int64) * stride_om + out_rows[None, :]
-    gl.store(ptrs, y.to(out_ptr.dtype.element_ty),
-             mask=(toks < M)[:, None] & (out_rows < N)[None, :])
+    _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS, OUT_LOG2)
 
 
 def fits(m: int, k: int, cfg: dict) -> bool:

@@ -36,9 +36,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gemv_kernel import _load_s2_bias
 from .linear_kernels import _DECODE
-from .small_kernel import _decode_chunk, layouts, tma_ready
+from .small_kernel import _decode_to_shared, _load_rows, _store_tokens, layouts, tma_ready
 
 XC = 4  # chunks of 64 K a ring slot
 XS = 3  # ring slots: 3 x 4 x 64 tokens x 64 x 2 bytes = 96 KB of x
@@ -70,17 +69,8 @@ def _phased_kernel(
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     dtype: gl.constexpr = x_desc.dtype
-    rows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)
-    word = gl.arange(0, 8, layout=gl.SliceLayout(0, WL))
-    w_ptrs = w_ptr + rows[:, None].to(gl.int64) * stride_w + word[None, :]
-    s_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_s + (word // 2)[None, :]
-    out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC))
-    s2, bias = _load_s2_bias(s2_ptr, bias_ptr, out_rows, N, HAS_BIAS)
-    words = ()
-    scales = ()
-    for c in gl.static_range(KC):  # every weight load in flight before the first is used
-        words = words + (gl.load(w_ptrs + c * 8),)
-        scales = scales + (gl.load(s_ptrs + c * 4),)
+    words, scales, out_rows, s2, bias = _load_rows(
+        w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL, ACC)
     # a slot per allocation in the box's 3D layout, read by wgmma as [BM, 64] tiles
     x_ring = ()
     x_tiles = ()
@@ -95,13 +85,7 @@ def _phased_kernel(
     for s in gl.static_range(XS):
         if s < NP:
             _fill(x_desc, x_ring, bars, s, s, pid_m * BM, XC)
-    gl.thread_barrier()  # pins the loads above before the decode (see small_kernel)
-    w_bufs = ()
-    for c in gl.static_range(KC):
-        w_bufs = w_bufs + (gl.allocate_shared_memory(
-            dtype, [BN, 64], SW, _decode_chunk(words[c], scales[c], dtype)),)
-    fence_async_shared()  # the generic stores above before wgmma's async reads
-    gl.thread_barrier()
+    w_bufs = _decode_to_shared(words, scales, SW, dtype)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
     for p in gl.static_range(NP):
         mbarrier.wait(bars.index(p % XS), (p // XS) % 2)
@@ -117,13 +101,7 @@ def _phased_kernel(
     acc = warpgroup_mma_wait(0, deps=(acc,))
     for s in gl.static_range(XS):
         mbarrier.invalidate(bars.index(s))
-    toks = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, ACC))
-    y = (acc * (2.0**OUT_LOG2)) * s2  # the power of two is exact
-    if HAS_BIAS:
-        y += bias[None, :]
-    ptrs = out_ptr + toks[:, None].to(gl.int64) * stride_om + out_rows[None, :]
-    gl.store(ptrs, y.to(out_ptr.dtype.element_ty),
-             mask=(toks < M)[:, None] & (out_rows < N)[None, :])
+    _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS, OUT_LOG2)
 
 
 def fits(m: int, k: int, cfg: dict) -> bool:
