@@ -6,6 +6,7 @@ checkpoint export (see reference.py for what was matched), or for CUDA tensors w
 installed the Triton kernels, whose quantize/dequantize are bit-exact with the reference.
 """
 
+import functools
 import importlib
 import importlib.util
 from types import ModuleType
@@ -29,16 +30,24 @@ __all__ = [
 _TRITON_MODULE = __name__ + ".triton_impl"
 
 
+@functools.cache  # once a process: the answer cannot change, and _impl runs on every call
 def triton_available() -> bool:
     """True when triton can be imported; it is optional and never imported eagerly."""
     return importlib.util.find_spec("triton") is not None
 
 
+@functools.cache
+def _triton_impl() -> ModuleType | None:
+    """The Triton implementation module, or None where triton or the kernels are missing."""
+    if triton_available() and importlib.util.find_spec(_TRITON_MODULE):
+        return importlib.import_module(_TRITON_MODULE)
+    return None
+
+
 def _impl(t: torch.Tensor) -> ModuleType:
     """The single dispatch point: CUDA tensors go to Triton when it and the kernels exist."""
-    if t.is_cuda and triton_available() and importlib.util.find_spec(_TRITON_MODULE):
-        return importlib.import_module(_TRITON_MODULE)
-    return reference
+    impl = _triton_impl() if t.is_cuda else None
+    return impl if impl is not None else reference
 
 
 def quantize_nvfp4(

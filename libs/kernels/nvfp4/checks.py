@@ -43,6 +43,9 @@ def as_global_scale(global_scale, device: torch.device, check_value: bool = True
     `check_value=False` skips the positive-and-finite test, which reads the value back to
     the host: a sync per call on a GPU, where hot paths pass scales validated at load.
     """
+    if (not check_value and type(global_scale) is torch.Tensor and global_scale.dim() == 0
+            and global_scale.dtype == torch.float32 and global_scale.device == device):
+        return global_scale  # the linear's hot path: a CUDA weight's s2, already in form
     if isinstance(global_scale, bool) or not isinstance(global_scale, (torch.Tensor, float, int)):
         kind = type(global_scale).__name__
         raise TypeError(f"global_scale must be a float or tensor, got {kind}")

@@ -41,7 +41,6 @@ power of two in the epilogue).
 """
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -54,6 +53,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gemm_fragment import acc_layout, decode_fragment, quads, read_step
+from .grid import cdiv
 from .linear_kernels import _DECODE, _tile_counters
 
 
@@ -294,14 +294,14 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     if n * k < 2**24:
         return None
     bm = 256 if m > 128 else max(16, 1 << (m - 1).bit_length())
-    n_tiles = triton.cdiv(n, 64)
-    if bm == 256 and 2 * n_tiles * triton.cdiv(m, 256) <= sms < 2 * n_tiles * triton.cdiv(m, 128):
+    n_tiles = cdiv(n, 64)
+    if bm == 256 and 2 * n_tiles * cdiv(m, 256) <= sms < 2 * n_tiles * cdiv(m, 128):
         bm = 128
     cfg = dict(BN=64, BM=bm, BK=64, G=4, STAGES=4, W_STAGES=2, SPLIT_K=1,
                maxnreg=128 if bm <= 128 else 232)
     if not fits(m, k, cfg):
         return None
-    tiles = n_tiles * triton.cdiv(m, bm)
+    tiles = n_tiles * cdiv(m, bm)
 
     def may_split(per_sm: int, min_k: int) -> bool:
         twice = dict(cfg, SPLIT_K=cfg["SPLIT_K"] * 2)
@@ -369,7 +369,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
         # slow in 128- and 256-token tiles (8192 x 28672: M = 80 162 us unpadded against
         # 103 us padded, M = 192 242 against 168) but not in smaller ones (M = 17 in 32:
         # 67 against 72 us). The pad rows' outputs are never stored: they need no values.
-        padded = x2.new_empty(triton.cdiv(m, bm) * bm, k)
+        padded = x2.new_empty(cdiv(m, bm) * bm, k)
         padded[:m].copy_(x2)
         x2 = padded
     x_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -385,7 +385,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     s_desc = TensorDescriptor.from_tensor(pairs, [bn, g * bk // 32], gl.NVMMASharedLayout(
         swizzle_byte_width=0, element_bitwidth=16, rank=2))
     split = cfg.get("SPLIT_K", 1)
-    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), split)
+    grid = (cdiv(n, bn), cdiv(m, bm), split)
     if split > 1:
         tiles = grid[0] * grid[1]
         ws = torch.empty(split * tiles * bn * bm, dtype=torch.float32, device=x2.device)

@@ -50,11 +50,11 @@ Numerics are those of linear_kernels (same decode, fp32 accumulation, s2 in the 
 import functools
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from .grid import cdiv
 from .linear_kernels import _DECODE, DECODE_BITS_BF16, DECODE_BITS_F16, _tile_counters
 
 
@@ -432,7 +432,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
         cfg["RAGGED"] = True  # e.g. K = 11008, 86 chunks: uneven splits
         if not fits(m, k, cfg):
             return None
-    tiles = triton.cdiv(n, cfg["BN"])
+    tiles = cdiv(n, cfg["BN"])
     while tiles * cfg["SPLIT_K"] * 2 <= 2 * sms:
         if not fits(m, k, dict(cfg, SPLIT_K=cfg["SPLIT_K"] * 2)):
             break
@@ -473,7 +473,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     ragged = cfg.get("RAGGED", False)
     # chunks per split or slice, a multiple of 4 (fits()); RAGGED: chunks of all K
     k_iters = k // (8 * nbytes) if ragged else k // (8 * nbytes * split * slices)
-    grid = (triton.cdiv(n, bn // slices), split)
+    grid = (cdiv(n, bn // slices), split)
     if split > 1:
         ws = x2.new_empty(split * grid[0] * bn * bm, dtype=s2.dtype)
         cnt = _tile_counters(x2.device, grid[0])

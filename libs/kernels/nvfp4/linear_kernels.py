@@ -66,6 +66,7 @@ import triton
 import triton.language as tl
 
 from .format import BLOCK
+from .grid import cdiv
 
 # Per x.dtype: (log2 of the factor folded into the block scale, log2 of the factor the
 # epilogue puts back). See the module docstring.
@@ -328,7 +329,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     elif small:
         cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64 if k < 1024 else 128, num_warps=4,
                    num_stages=3, DECODE_ASM=True)
-        if triton.cdiv(n, 64) * triton.cdiv(m, 32) >= 64:  # 576 x 576 at M = 256: 5.5 vs 5.8 us
+        if cdiv(n, 64) * cdiv(m, 32) >= 64:  # 576 x 576 at M = 256: 5.5 vs 5.8 us
             cfg["BLOCK_M"] = 32
     elif m <= 64:
         cfg = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3,
@@ -344,8 +345,8 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     # that divides K, and only splits that divide the number of steps.
     while k % cfg["BLOCK_K"] and cfg["BLOCK_K"] > 16:
         cfg["BLOCK_K"] //= 2
-    tiles = triton.cdiv(n, cfg["BLOCK_N"]) * triton.cdiv(m, cfg["BLOCK_M"])
-    k_steps = triton.cdiv(k, cfg["BLOCK_K"])
+    tiles = cdiv(n, cfg["BLOCK_N"]) * cdiv(m, cfg["BLOCK_M"])
+    k_steps = cdiv(k, cfg["BLOCK_K"])
     if small:
         if m <= 16:
             cfg["SPLIT_K"] = _small_layer_split(k_steps, tiles, sms)
@@ -392,8 +393,8 @@ def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
     m, k = x2.shape
     n = packed.shape[0]
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
-    k_iters = triton.cdiv(triton.cdiv(k, bk), split)
-    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), split)
+    k_iters = cdiv(cdiv(k, bk), split)
+    grid = (cdiv(n, bn), cdiv(m, bm), split)
     tiles = grid[0] * grid[1]
     if split > 1:
         ws = torch.empty(split * tiles * bn * bm, dtype=torch.float32, device=x2.device)

@@ -31,7 +31,6 @@ the power of two in the epilogue).
 import functools
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -45,6 +44,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gemm_kernel import tma_ready
 from .gemv_kernel import _SCALE_ASM_BF16, _SCALE_ASM_F16, _halves, _load_s2_bias, word_asm
+from .grid import cdiv
 from .linear_kernels import _DECODE, DECODE_BITS_BF16, DECODE_BITS_F16
 
 # gemv_kernel's word decode with other prmt sources, since x comes by TMA in K order: the
@@ -227,7 +227,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     cap = sms if m > 16 else sms // 2
     for bn in (16, 32):
         for w in (4, 8) if m > 64 else (4,):
-            if bn * 8 >= 32 * w and triton.cdiv(n, bn) * triton.cdiv(m, 16 * w) <= cap:
+            if bn * 8 >= 32 * w and cdiv(n, bn) * cdiv(m, 16 * w) <= cap:
                 return dict(BN=bn, num_warps=w)
     return None
 
@@ -244,7 +244,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     wl, acc, sw = layouts(bn, w)
     x_desc = TensorDescriptor.from_tensor(x2, [bm, 64], sw)
     words = packed.view(torch.int32)
-    _small_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
+    _small_kernel[(cdiv(n, bn), cdiv(m, bm))](
         x_desc, words, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
         m, n, words.stride(0), scales.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, BN=bn, BM=bm, KC=k // 64, OUT_LOG2=_DECODE[x2.dtype][1],

@@ -24,7 +24,6 @@ the power of two in the epilogue).
 """
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -36,6 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .grid import cdiv
 from .linear_kernels import _DECODE
 from .small_kernel import _decode_to_shared, _load_rows, _store_tokens, layouts, tma_ready
 
@@ -122,7 +122,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
         return None
     for bn in (16, 32):
         cfg = dict(BN=bn, num_warps=4)
-        if fits(m, k, cfg) and triton.cdiv(n, bn) * triton.cdiv(m, 64) <= sms:
+        if fits(m, k, cfg) and cdiv(n, bn) * cdiv(m, 64) <= sms:
             return cfg
     return None
 
@@ -141,7 +141,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     x3 = x2.as_strided((k // 64, m, 64), (64, x2.stride(0), 1))
     x_desc = TensorDescriptor.from_tensor(x3, [XC, bm, 64], _BOX_LAYOUT)
     words = packed.view(torch.int32)
-    _phased_kernel[(triton.cdiv(n, bn), triton.cdiv(m, bm))](
+    _phased_kernel[(cdiv(n, bn), cdiv(m, bm))](
         x_desc, words, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
         m, n, words.stride(0), scales.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=XS,

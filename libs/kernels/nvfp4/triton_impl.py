@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .format import BLOCK
+from .grid import cdiv
 from .linear_kernels import (
     _sm_count,
     linear,  # noqa: F401  (part of this module's interface)
@@ -95,7 +96,7 @@ def _quantize(x, s2, blocks: int, num_warps: int, programs_per_sm: int):
     scales = torch.empty((*x.shape[:-1], k // BLOCK), dtype=torch.float8_e4m3fn, device=x.device)
     n_blocks = x.numel() // BLOCK
     if n_blocks:
-        programs = min(triton.cdiv(n_blocks, blocks), _sm_count(x.device) * programs_per_sm)
+        programs = min(cdiv(n_blocks, blocks), _sm_count(x.device) * programs_per_sm)
         fp32 = x.dtype == torch.float32
         pairs = x.dtype == torch.bfloat16  # read as int32 words (quantize_kernel._to_float)
         x = x.contiguous()  # any strides in; the kernel reads one flat run of blocks
@@ -122,7 +123,7 @@ def _dequantize(packed, scales, s2, dtype, blocks: int, num_warps: int):
     out = torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=dtype, device=packed.device)
     n_blocks = scales.numel()
     if n_blocks:
-        _dequantize_kernel[(triton.cdiv(n_blocks, blocks),)](
+        _dequantize_kernel[(cdiv(n_blocks, blocks),)](
             packed,
             scales.view(torch.uint8),
             s2.to(device=packed.device, dtype=torch.float32),
