@@ -1,6 +1,5 @@
 """transfer: KV page transfer over NIXL (one agent per process, one owner thread)."""
 
-from libs.member.formats import FORMATS
 from libs.transfer.agent import KvAgent, Transfer
 from libs.transfer.errors import (
     LayoutMismatch,
@@ -16,7 +15,6 @@ from libs.transfer.staging import KvWire
 from libs.transfer.wait import wait
 
 __all__ = [
-    "FORMATS",
     "KvAgent",
     "KvWire",
     "LayoutMismatch",

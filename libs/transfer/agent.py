@@ -32,11 +32,11 @@ class Transfer:
     """Handle of one posted WRITE. Terminal poll results are cached: NIXL is not asked twice."""
 
     def __init__(self, handle: nixl_xfer_handle, agent: nixl_agent, first: str, size: int,
-                 descs: int, live: set[Transfer] | None = None) -> None:
+                 descs: int, live: set[Transfer]) -> None:
         self._handle = handle
         self._agent = agent
-        self._live = live if live is not None else set()  # the owner's unreleased handles
-        self._live.add(self)
+        self._live = live  # the owner's unreleased handles: this one until it is released
+        live.add(self)
         self._state = first
         self.bytes = size
         self.descriptors = descs

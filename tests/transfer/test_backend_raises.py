@@ -42,7 +42,7 @@ class Handle:
 
 def test_poll_turns_a_raised_disconnect_into_err_once() -> None:
     agent, handle = Disconnected(), Handle()
-    transfer = Transfer(handle, agent, "PROC", 4096, 1)  # type: ignore[arg-type]
+    transfer = Transfer(handle, agent, "PROC", 4096, 1, set())  # type: ignore[arg-type]
     assert transfer.poll() == "ERR"
     assert transfer.poll() == "ERR"
     assert agent.checks == 1  # terminal: NIXL is not asked again
@@ -51,7 +51,7 @@ def test_poll_turns_a_raised_disconnect_into_err_once() -> None:
 
 
 async def test_wait_fails_typed_with_the_backend_reason() -> None:
-    transfer = Transfer(Handle(), Disconnected(), "PROC", 4096, 1)  # type: ignore[arg-type]
+    transfer = Transfer(Handle(), Disconnected(), "PROC", 4096, 1, set())  # type: ignore[arg-type]
     with anyio.fail_after(2), pytest.raises(TransferFailed, match="REMOTE_DISCONNECT"):
         await wait(transfer, time.monotonic() + 1)
 
