@@ -1,6 +1,7 @@
 """The Gluon small-layer kernel (libs/kernels/nvfp4/small_kernel.py) on CUDA: every tile
-it may pick against the exact product, including ragged N and M, bias, fp16, every e4m3
-scale code, and the routing that sends SmolLM2's layers to it. GPU only (`gpu`)."""
+it may pick, with x by TMA or straight into registers (X_REGS), against the exact product,
+including ragged N and M, bias, fp16, every e4m3 scale code, and the routing that sends
+SmolLM2's layers to it. GPU only (`gpu`)."""
 
 import pytest
 import torch
@@ -17,15 +18,17 @@ pytestmark = pytest.mark.gpu
 CUDA = "cuda"
 sk = gluon_kernel("small_kernel")
 
-# 16, 32 and 64 weight rows a program, on one warpgroup (64 tokens) or two (128)
+# x by TMA: 16, 32 and 64 weight rows a program, on one warpgroup (64 tokens) or two (128)
 CONFIGS = [dict(BN=bn, num_warps=w) for bn, w in ((16, 4), (32, 4), (32, 8), (64, 4), (64, 8))]
+# x straight into wgmma's A registers (picked up to 16 tokens; correct at any M)
+REG_CONFIGS = [dict(BN=bn, num_warps=4, X_REGS=True) for bn in (16, 32)]
 
 
 def _name(c):
-    return f"bn{c['BN']}-w{c['num_warps']}"
+    return f"bn{c['BN']}-w{c['num_warps']}" + ("-xregs" if c.get("X_REGS") else "")
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=_name)
+@pytest.mark.parametrize("cfg", CONFIGS + REG_CONFIGS, ids=_name)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_small_configs_match_exact(cfg, dtype):
     # K of 576 (SmolLM2), 64 (one chunk) and 320; N not a multiple of 64 or 16; M neither
@@ -33,11 +36,11 @@ def test_small_configs_match_exact(cfg, dtype):
     # (count_exact_on_shapes)
     shapes = ((576, 576, 256), (200, 576, 17), (192, 64, 40),
               (1000, 320, 16 * cfg["num_warps"] + 3), (576, 576, 1), (1536, 576, 16),
-              (200, 576, 130))
+              (200, 576, 130), (960, 576, 3), (3072, 576, 2))
     assert count_exact_on_shapes(sk, cfg, shapes, dtype) == len(shapes)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS[:3], ids=_name)
+@pytest.mark.parametrize("cfg", CONFIGS[:3] + REG_CONFIGS, ids=_name)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_small_every_scale_code_and_byte(cfg, dtype):
     packed, scales, s2 = cuda_weight(256, 576, dtype, seed=3, random_scales=True)
@@ -48,13 +51,13 @@ def test_small_every_scale_code_and_byte(cfg, dtype):
     check_linear_exact(out, x, packed, scales, s2, None, dtype)
 
 
-@pytest.mark.parametrize("cfg", CONFIGS[:3], ids=_name)
+@pytest.mark.parametrize("cfg", CONFIGS[:3] + REG_CONFIGS, ids=_name)
 def test_small_is_deterministic(cfg):
     outs = repeated_launches(sk, cfg, n=576, k=576, m=100)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
-@pytest.mark.parametrize("cfg", CONFIGS[:3], ids=_name)
+@pytest.mark.parametrize("cfg", CONFIGS[:3] + REG_CONFIGS, ids=_name)
 def test_small_does_not_write_past_m_or_n(cfg):
     packed, scales, s2 = cuda_weight(100, 576, torch.bfloat16, seed=5)
     x = torch.randn(20, 576, device=CUDA, dtype=torch.bfloat16)
@@ -65,8 +68,10 @@ def test_small_does_not_write_past_m_or_n(cfg):
     check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
 
 
-def test_small_misaligned_x_goes_to_the_triton_kernel():
-    # a view starting one element into its rows: TMA cannot read it, the Triton kernel can
+def test_small_misaligned_x_goes_to_the_triton_kernel_past_16_tokens():
+    # a view starting one element into its rows: TMA cannot read it, plain loads can, so
+    # up to 16 tokens (x through registers) it stays here and past that the Triton
+    # kernel takes it
     from libs.kernels import nvfp4_linear
     from libs.kernels.nvfp4 import linear_kernels as lk
 
@@ -74,22 +79,29 @@ def test_small_misaligned_x_goes_to_the_triton_kernel():
     wide = torch.randn(256, 584, device=CUDA, dtype=torch.bfloat16)
     x = wide[:, 1:577]
     assert not sk.readable(x, packed) and sk.readable(wide[:, :576], packed)
+    assert sk.readable(x[:16], packed) and not sk.readable(x[:17], packed)
     out = torch.empty(256, 576, device=CUDA, dtype=torch.bfloat16)
     assert lk.route(x, packed, scales, out)[0] == "triton"
-    check_linear_exact(nvfp4_linear(x, packed, scales, s2), x, packed, scales, s2, None,
-                       torch.bfloat16)
+    assert lk.route(x[:3], packed, scales, out[:3]) == ("small", REG_CONFIGS[0])
+    for xs in (x, x[:3]):
+        check_linear_exact(nvfp4_linear(xs, packed, scales, s2), xs, packed, scales, s2, None,
+                           torch.bfloat16)
 
 
 def test_fits_and_pick_config():
     assert sk.fits(17, 576, {}) and sk.fits(300, 64, {})
     assert not sk.fits(17, 640, {}) and not sk.fits(17, 200, {})  # past MAX_K, ragged K
-    # 16 rows a program while they fit in one wave, then 32; two warpgroups past 64
-    # tokens where one does not fit; at up to 16 tokens at most half a wave
-    assert sk.pick_config(1, 576, 576) == sk.pick_config(128, 576, 576) == CONFIGS[0]
+    # up to 16 tokens x through registers, 16 rows a program while at most two a SM, then
+    # 32; past that x by TMA, 16 rows a program while they fit in one wave, then 32, and
+    # two warpgroups past 64 tokens where one does not fit
+    assert sk.pick_config(1, 576, 576) == sk.pick_config(16, 1536, 576) == REG_CONFIGS[0]
+    assert sk.pick_config(1, 4224, 576) == REG_CONFIGS[0]  # 264 programs
+    assert sk.pick_config(1, 4240, 576) == REG_CONFIGS[1]  # 16 rows: 265 programs
+    assert sk.pick_config(1, 8192, 512) is None  # 2^22 weights: a large layer
+    assert sk.pick_config(17, 576, 576) == sk.pick_config(128, 576, 576) == CONFIGS[0]
     assert sk.pick_config(256, 192, 576) == CONFIGS[0]  # 48 programs
     assert sk.pick_config(256, 576, 576) == CONFIGS[1]  # 16 rows: 144 programs
     assert sk.pick_config(64, 1536, 576) == CONFIGS[0]  # 96 programs
-    assert sk.pick_config(16, 1536, 576) == CONFIGS[1]  # 96 programs is past half a wave
     assert sk.pick_config(128, 1536, 576) == CONFIGS[1]
     assert sk.pick_config(256, 1536, 576) == CONFIGS[2]  # 192 programs on one warpgroup
     assert sk.pick_config(896, 576, 576) == CONFIGS[2]  # 18 x 7 programs
@@ -106,7 +118,11 @@ def test_linear_routes_smollm2_layers_here():
     x = torch.randn(100, 576, device=CUDA, dtype=torch.bfloat16)
     out = torch.empty(100, 576, device=CUDA, dtype=torch.bfloat16)
     assert lk.route(x, packed, scales, out)[0] == "small"
-    assert lk.route(x[:1], packed, scales, out[:1])[0] == "small"
+    assert lk.route(x[:1], packed, scales, out[:1]) == ("small", REG_CONFIGS[0])
+    # the engine's fused gate/up at one token (the Triton kernel's before X_REGS)
+    fused, fused_scales, _ = cuda_weight(3072, 576, torch.bfloat16, seed=11)
+    out_fused = torch.empty(1, 3072, device=CUDA, dtype=torch.bfloat16)
+    assert lk.route(x[:1], fused, fused_scales, out_fused)[0] == "small"
     down, down_scales, _ = cuda_weight(576, 1536, torch.bfloat16, seed=9)
     x_down = torch.randn(256, 1536, device=CUDA, dtype=torch.bfloat16)
     out_down = torch.empty(256, 576, device=CUDA, dtype=torch.bfloat16)

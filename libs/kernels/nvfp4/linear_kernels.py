@@ -44,8 +44,9 @@ gemv_kernel.py (a Gluon `mma.sync` GEMV without that per-step chain: ~45 us on 8
 warp-specialized Gluon GEMM whose MMA warpgroup decodes into wgmma's register operand while
 its previous wgmma runs: ~155 us at M = 256, torch 171-175 us; 75 us at M = 64, torch
 128-142 us), layers under 2^22 weights with K up to 576 to small_kernel.py (one decode
-per tile of 16-32 weight rows into shared memory, then wgmma with x as A: SmolLM2's
-576 x 576 at M = 256 in ~3.5 us against ~5.6 us here, at M = 1 ~3.1 against ~4.9 us),
+per tile of 16-32 weight rows into shared memory, then wgmma with x as A, by TMA or up
+to 16 tokens straight into registers: SmolLM2's 576 x 576 at M = 256 in ~3.5 us against
+~5.6 us here, at M = 1 ~2.7 against ~4.9 us),
 17 tokens or more on small layers with longer K (SmolLM2's down projection, K = 1536) to
 small_phased_kernel.py (the same form with x streamed through a ring of shared buffers:
 ~5.0 against ~6.3 us here at M = 128, ~5.8 against the GEMM's ~6.4 at M = 256), and the

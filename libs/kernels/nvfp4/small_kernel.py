@@ -21,8 +21,24 @@ M = 256 in 3.48 us against 3.98 (torch 3.77), 192 x 576 in 2.94 against 3.70 (3.
 576 x 576 at M = 1 3.10 against 3.43 (3.59), three interleaved rounds on an H200
 (docs/notes/nvfp4-triton.md, sessions `small-pipelines`, `small-wgmma`, `small-tma-x`,
 `floors`). An x that TMA cannot read (a misaligned view) goes to linear_kernels' Triton
-kernel (`readable`). Longer K (SmolLM2's down projection, K = 1536) does not fit x's
-tile in shared memory: small_phased_kernel streams it through a ring.
+kernel past 16 tokens (`readable`).
+
+Up to 16 tokens (X_REGS) x skips shared memory: each thread loads its A fragment straight
+from global memory, two 16-byte loads per token row and chunk, and the wgmmas read only
+the weights from shared memory. The fragment pairs K as (2q, 2q + 1, 2q + 8, 2q + 9) per
+16-wide step, q = lane % 4; K is reordered inside each 64-wide chunk, identically for x
+and the decoded weights (a sum does not care about the order of its terms), so that a
+thread's fragment over the chunk's four steps is memory K 16q .. 16q + 15 (see
+_x_to_registers). The TMA form fills a 64-token tile (74 KB) for one token and the MMA
+reads it all; this form loads only the rows below M. Three interleaved rounds (session
+`x-registers`), us against the TMA form (torch): SmolLM2's 576 x 576 at M = 1 2.70 against
+3.11 (3.59), 1536 x 576 2.85 against 3.47 (3.93), the engine's fused 960 x 576 2.73
+against 3.44 (4.01) and 3072 x 576 3.28 against the Triton kernel's 5.38 (4.11); at 32
+tokens it is no longer ahead everywhere (576 x 576 3.02 against 2.99), and at 256 it loses
+(1536 x 576 5.10 against 4.57: a program's 128 token rows through the load path).
+
+Longer K (SmolLM2's down projection, K = 1536) does not fit x's tile in shared memory:
+small_phased_kernel streams it through a ring.
 
 Numerics equal linear_kernels' (the same exact decoded weights, fp32 accumulation, s2 and
 the power of two in the epilogue).
@@ -61,6 +77,7 @@ _NATURAL_ASM_BF16 = gl.constexpr(word_asm(_NATURAL_PRMTS, DECODE_BITS_BF16))
 _NATURAL_ASM_F16 = gl.constexpr(word_asm(_NATURAL_PRMTS, DECODE_BITS_F16))
 
 MAX_K = 576  # SmolLM2's K (measured); x's 64 x K tile a warpgroup fills shared memory
+X_REGS_MAX_M = 16  # up to here x goes straight to registers (measured: see the module doc)
 
 
 @functools.cache
@@ -75,6 +92,59 @@ def layouts(bn: int, num_warps: int):
                                     instr_shape=[16, bn, 16])
     sw = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     return wl, acc, sw
+
+
+def x_layout(num_warps: int):
+    """x's register layout for X_REGS, over [tokens / 16, 2, 8, 4, 16]: thread (warp w, lane
+    t) holds token rows 16 w + 8 h + t / 4 (h = 0, 1) and memory K 16 q .. 16 q + 15 of each
+    chunk, q = t % 4: the rows and the K columns of its wgmma A fragment."""
+    return gl.BlockedLayout([1, 2, 1, 1, 16], [1, 1, 8, 4, 1], [num_warps, 1, 1, 1, 1],
+                            [4, 3, 2, 1, 0])
+
+
+@gluon.jit
+def _register_k_order(t):
+    """[R, 64] in memory K order -> the order X_REGS multiplies in: position 16 s + 8 h +
+    2 q + e holds memory K 16 q + 4 s + 2 h + e (s: the 16-wide step, q: the fragment's
+    column pair, h: its low or high half, e: the element of a pair)."""
+    R: gl.constexpr = t.shape[0]
+    t = gl.permute(gl.reshape(t, [R, 4, 4, 2, 2]), (0, 2, 3, 1, 4))
+    return gl.reshape(t, [R, 64])
+
+
+@gluon.jit
+def _x_to_registers(x_ptr, stride_xm, row0, M, KC: gl.constexpr, BM: gl.constexpr,
+                    XL: gl.constexpr, AL: gl.constexpr):
+    """x [row0, row0 + BM) x all K as KC wgmma A fragments in _register_k_order (rows past M
+    are zeros and not read): the loads are in memory order, and the reorder only renames
+    registers (the compiler checks that: assert_trivial)."""
+    l0: gl.constexpr = gl.SliceLayout(
+        1, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, XL))))
+    l1: gl.constexpr = gl.SliceLayout(
+        0, gl.SliceLayout(2, gl.SliceLayout(3, gl.SliceLayout(4, XL))))
+    l2: gl.constexpr = gl.SliceLayout(
+        0, gl.SliceLayout(1, gl.SliceLayout(3, gl.SliceLayout(4, XL))))
+    l3: gl.constexpr = gl.SliceLayout(
+        0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(4, XL))))
+    l4: gl.constexpr = gl.SliceLayout(
+        0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, XL))))
+    warp = gl.arange(0, BM // 16, layout=l0)[:, None, None, None, None]
+    half = gl.arange(0, 2, layout=l1)[None, :, None, None, None]
+    lane_row = gl.arange(0, 8, layout=l2)[None, None, :, None, None]
+    q = gl.arange(0, 4, layout=l3)[None, None, None, :, None]
+    e = gl.arange(0, 16, layout=l4)[None, None, None, None, :]
+    rows = row0 + 16 * warp + 8 * half + lane_row
+    ptrs = x_ptr + rows.to(gl.int64) * stride_xm + (16 * q + e)
+    mask = (rows < M) & (e >= 0)  # e >= 0 only broadcasts the mask to the pointers' shape
+    chunks = ()
+    for c in gl.static_range(KC):  # every load in flight before the first is used
+        chunks = chunks + (gl.load(ptrs + c * 64, mask=mask, other=0.0),)
+    xa = ()
+    for c in gl.static_range(KC):
+        t = gl.reshape(chunks[c], [BM // 16, 2, 8, 4, 4, 2, 2])  # e = (s, h, pair element)
+        t = gl.reshape(gl.permute(t, (0, 1, 2, 4, 5, 3, 6)), [BM, 64])
+        xa = xa + (gl.convert_layout(t, AL, assert_trivial=True),)
+    return xa
 
 
 @gluon.jit
@@ -138,15 +208,18 @@ def _load_rows(w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s,
 
 
 @gluon.jit
-def _decode_to_shared(words, scales, SW: gl.constexpr, dtype: gl.constexpr):
-    """Each chunk's decoded [BN, 64] weights in its own shared buffer (wgmma's B), fenced
-    for the async reads. The first barrier pins the loads issued before it ahead of the
-    decode."""
+def _decode_to_shared(words, scales, SW: gl.constexpr, dtype: gl.constexpr,
+                      X_REGS: gl.constexpr):
+    """Each chunk's decoded [BN, 64] weights in its own shared buffer (wgmma's B), in K
+    order or, for X_REGS, in _register_k_order; fenced for the async reads. The first
+    barrier pins the loads issued before it ahead of the decode."""
     gl.thread_barrier()
     w_bufs = ()
     for c in gl.static_range(len(words)):
-        w_bufs = w_bufs + (gl.allocate_shared_memory(
-            dtype, [words[c].shape[0], 64], SW, _decode_chunk(words[c], scales[c], dtype)),)
+        w = _decode_chunk(words[c], scales[c], dtype)
+        if X_REGS:
+            w = _register_k_order(w)
+        w_bufs = w_bufs + (gl.allocate_shared_memory(dtype, [words[c].shape[0], 64], SW, w),)
     fence_async_shared()  # the generic stores above before wgmma's async reads
     gl.thread_barrier()
     return w_bufs
@@ -169,26 +242,37 @@ def _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om,
 
 @gluon.jit
 def _small_kernel(
-    x_desc, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr,
-    M, N, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
+    x_src, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr,
+    M, N, stride_xm, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
     OUT_LOG2: gl.constexpr, WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr,
+    X_REGS: gl.constexpr, XL: gl.constexpr,
 ):
-    """out[tokens, rows] for BM tokens (64 a warpgroup, x by TMA: wgmma's A; rows past M
-    arrive as zeros) and BN weight rows (decoded into shared memory in K order: wgmma's
-    B) over the whole K; the store writes each token's rows contiguously."""
+    """out[tokens, rows] for BM tokens (64 a warpgroup: wgmma's A, from x_src, a TMA
+    descriptor whose rows past M arrive as zeros, or for X_REGS x's pointer, loaded into
+    registers) and BN weight rows (decoded into shared memory: wgmma's B) over the whole
+    K; the store writes each token's rows contiguously."""
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     words, scales, out_rows, s2, bias = _load_rows(
         w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL, ACC)
-    x_smem, x_bar = _x_by_tma(x_desc, pid_m * BM, KC, SW)
-    w_bufs = _decode_to_shared(words, scales, SW, x_desc.dtype)
-    mbarrier.wait(x_bar.index(0), 0)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
-    for c in gl.static_range(KC):
-        acc = warpgroup_mma(x_smem.index(c), w_bufs[c].permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=(acc,))
-    mbarrier.invalidate(x_bar.index(0))
+    if X_REGS:
+        dtype: gl.constexpr = x_src.dtype.element_ty
+        AL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
+        xa = _x_to_registers(x_src, stride_xm, pid_m * BM, M, KC, BM, XL, AL)
+        w_bufs = _decode_to_shared(words, scales, SW, dtype, True)
+        for c in gl.static_range(KC):
+            acc = warpgroup_mma(xa[c], w_bufs[c].permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc,) + xa)[0]
+    else:
+        x_smem, x_bar = _x_by_tma(x_src, pid_m * BM, KC, SW)
+        w_bufs = _decode_to_shared(words, scales, SW, x_src.dtype, False)
+        mbarrier.wait(x_bar.index(0), 0)
+        for c in gl.static_range(KC):
+            acc = warpgroup_mma(x_smem.index(c), w_bufs[c].permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.invalidate(x_bar.index(0))
     _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS, OUT_LOG2)
 
 
@@ -198,9 +282,9 @@ def fits(m: int, k: int, cfg: dict) -> bool:
 
 
 def readable(x2: torch.Tensor, packed: torch.Tensor) -> bool:
-    """Whether x makes a TMA descriptor and packed can be read as int32 words (launch
-    views it so)."""
-    return tma_ready(x2) and packed.data_ptr() % 4 == 0
+    """Whether this kernel can read x and packed as launch views them: packed as int32
+    words, and x by TMA past X_REGS_MAX_M tokens (up to there plain loads read any x)."""
+    return packed.data_ptr() % 4 == 0 and (x2.shape[0] <= X_REGS_MAX_M or tma_ready(x2))
 
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
@@ -208,45 +292,57 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     kernel runs instead: layers of 2^22 weights or more, K past MAX_K or not a multiple of
     64, and token counts that would take more than one wave at 32 rows on two warpgroups.
 
-    From three interleaved rounds on SmolLM2's 576-wide layers at 1-256 tokens (session
-    `floors`; "before": the form with the weights as A): the fewest weight rows a program,
-    16 then 32, whose programs fit in one wave, on one warpgroup (64 tokens a program)
-    before two (128, past 64 tokens):
-    - 16 rows: 576 x 576 at M = 1 / 64 / 128 3.10 / 2.98 / 3.00 us against 3.43 / 3.62 /
-      3.78 (torch 3.59 / 3.67 / 3.72); 192 x 576 at every M 2.78-2.94 against 3.34-3.70
-      (3.49-3.62); 1536 x 576 at M = 64 3.14 against 3.89 (3.82);
+    Up to X_REGS_MAX_M tokens: x through registers, 16 rows a program while at most two
+    programs a SM (they fit: ~200 registers a thread on 4 warps), else 32. Three interleaved
+    rounds (session `x-registers`), us, 16 rows against 32 (torch): 576 x 576 at M = 1 / 16
+    2.70 / 2.91 against 3.00 / 3.30 (3.59 / 3.67), 1536 x 576 at M = 1 2.85 against 3.10
+    (3.93), 3072 x 576 (192 programs) at M = 1 3.28 against 3.26 (4.11).
+
+    Past that, x by TMA. From three interleaved rounds on SmolLM2's 576-wide layers at
+    1-256 tokens (session `floors`; "before": the form with the weights as A): the fewest
+    weight rows a program, 16 then 32, whose programs fit in one wave, on one warpgroup
+    (64 tokens a program) before two (128, past 64 tokens):
+    - 16 rows: 576 x 576 at M = 64 / 128 2.98 / 3.00 us against 3.62 / 3.78 (torch 3.67 /
+      3.72); 192 x 576 at every M 2.78-2.94 against 3.34-3.70 (3.49-3.62); 1536 x 576 at
+      M = 64 3.14 against 3.89 (3.82);
     - 32 rows where 16 take more than a wave: 576 x 576 at M = 256 3.48 against 3.99
       (3.77; 16 rows, 144 programs: 3.89); 1536 x 576 at M = 128 3.66 against 4.13 (3.95);
-    - at up to 16 tokens at most half a wave: every program reads the same few x rows, and
-      1536 x 576 at M = 1 took 3.97 us on 96 programs against 3.44 on 48 (the other form
-      3.47);
     - two warpgroups: 1536 x 576 at M = 256 4.69 against 4.79 (torch 4.20); 64 rows a
       program lost everywhere (4.5-5.8 us)."""
     if n * k >= 2**22 or not fits(m, k, {}):
         return None
-    cap = sms if m > 16 else sms // 2
+    if m <= X_REGS_MAX_M:
+        for bn in (16, 32):
+            if cdiv(n, bn) <= 2 * sms:
+                return dict(BN=bn, num_warps=4, X_REGS=True)
+        return None
     for bn in (16, 32):
         for w in (4, 8) if m > 64 else (4,):
-            if bn * 8 >= 32 * w and cdiv(n, bn) * cdiv(m, 16 * w) <= cap:
+            if bn * 8 >= 32 * w and cdiv(n, bn) * cdiv(m, 16 * w) <= sms:
                 return dict(BN=bn, num_warps=w)
     return None
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
-    """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, num_warps); requires
-    fits(M, K, cfg) and readable(x2, packed)."""
+    """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, num_warps, X_REGS=False);
+    requires fits(M, K, cfg), readable(x2, packed) (with X_REGS: only packed's part) and
+    unit strides along K."""
     m, k = x2.shape
     n = packed.shape[0]
-    bn, w = cfg["BN"], cfg["num_warps"]
-    assert fits(m, k, cfg) and readable(x2, packed), (m, k, cfg)
+    bn, w, x_regs = cfg["BN"], cfg["num_warps"], cfg.get("X_REGS", False)
+    assert fits(m, k, cfg) and x2.stride(1) == 1 and packed.data_ptr() % 4 == 0, (m, k, cfg)
     assert bn in (16, 32, 64) and bn * 8 >= 32 * w, cfg  # at least a word a thread
     bm = 16 * w  # 64 tokens a warpgroup
     wl, acc, sw = layouts(bn, w)
-    x_desc = TensorDescriptor.from_tensor(x2, [bm, 64], sw)
+    if x_regs:
+        x_src, xl = x2, x_layout(w)
+    else:
+        assert tma_ready(x2), "x must be TMA-readable without X_REGS"
+        x_src, xl = TensorDescriptor.from_tensor(x2, [bm, 64], sw), None
     words = packed.view(torch.int32)
     _small_kernel[(cdiv(n, bn), cdiv(m, bm))](
-        x_desc, words, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
-        m, n, words.stride(0), scales.stride(0), out.stride(0),
+        x_src, words, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
+        m, n, x2.stride(0), words.stride(0), scales.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, BN=bn, BM=bm, KC=k // 64, OUT_LOG2=_DECODE[x2.dtype][1],
-        WL=wl, ACC=acc, SW=sw, num_warps=w)
+        WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl, num_warps=w)
     return out

@@ -85,7 +85,7 @@ def _phased_kernel(
     for s in gl.static_range(XS):
         if s < NP:
             _fill(x_desc, x_ring, bars, s, s, pid_m * BM, XC)
-    w_bufs = _decode_to_shared(words, scales, SW, dtype)
+    w_bufs = _decode_to_shared(words, scales, SW, dtype, False)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
     for p in gl.static_range(NP):
         mbarrier.wait(bars.index(p % XS), (p // XS) % 2)
