@@ -94,6 +94,7 @@ def layouts(bn: int, num_warps: int):
     return wl, acc, sw
 
 
+@functools.cache  # one object per config: the launcher keys its compiled kernels on it
 def x_layout(num_warps: int):
     """x's register layout for X_REGS, over [tokens / 16, 2, 8, 4, 16]: thread (warp w, lane
     t) holds token rows 16 w + 8 h + t / 4 (h = 0, 1) and memory K 16 q .. 16 q + 15 of each
