@@ -333,6 +333,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     bn, w, x_regs = cfg["BN"], cfg["num_warps"], cfg.get("X_REGS", False)
     assert fits(m, k, cfg) and x2.stride(1) == 1 and packed.data_ptr() % 4 == 0, (m, k, cfg)
     assert bn in (16, 32, 64) and bn * 8 >= 32 * w, cfg  # at least a word a thread
+    assert w == 4 or not x_regs, cfg  # X_REGS on one warpgroup: the form tested and picked
     bm = 16 * w  # 64 tokens a warpgroup
     wl, acc, sw = layouts(bn, w)
     if x_regs:
