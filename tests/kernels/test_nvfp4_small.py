@@ -20,7 +20,7 @@ sk = gluon_kernel("small_kernel")
 
 # x by TMA: 16, 32 and 64 weight rows a program, on one warpgroup (64 tokens) or two (128)
 CONFIGS = [dict(BN=bn, num_warps=w) for bn, w in ((16, 4), (32, 4), (32, 8), (64, 4), (64, 8))]
-# x straight into wgmma's A registers (picked up to 16 tokens; correct at any M)
+# x straight into wgmma's A registers (picked up to 32 tokens; correct at any M)
 REG_CONFIGS = [dict(BN=bn, num_warps=4, X_REGS=True) for bn in (16, 32)]
 
 
@@ -70,7 +70,7 @@ def test_small_does_not_write_past_m_or_n(cfg):
 
 def test_small_misaligned_x_goes_to_the_triton_kernel_past_16_tokens():
     # a view starting one element into its rows: TMA cannot read it, plain loads can, so
-    # up to 16 tokens (x through registers) it stays here and past that the Triton
+    # up to 32 tokens (x through registers) it stays here and past that the Triton
     # kernel takes it
     from libs.kernels import nvfp4_linear
     from libs.kernels.nvfp4 import linear_kernels as lk
@@ -79,7 +79,7 @@ def test_small_misaligned_x_goes_to_the_triton_kernel_past_16_tokens():
     wide = torch.randn(256, 584, device=CUDA, dtype=torch.bfloat16)
     x = wide[:, 1:577]
     assert not sk.readable(x, packed) and sk.readable(wide[:, :576], packed)
-    assert sk.readable(x[:16], packed) and not sk.readable(x[:17], packed)
+    assert sk.readable(x[:32], packed) and not sk.readable(x[:33], packed)
     out = torch.empty(256, 576, device=CUDA, dtype=torch.bfloat16)
     assert lk.route(x, packed, scales, out)[0] == "triton"
     assert lk.route(x[:3], packed, scales, out[:3]) == ("small", REG_CONFIGS[0])
@@ -91,14 +91,14 @@ def test_small_misaligned_x_goes_to_the_triton_kernel_past_16_tokens():
 def test_fits_and_pick_config():
     assert sk.fits(17, 576, {}) and sk.fits(300, 64, {})
     assert not sk.fits(17, 640, {}) and not sk.fits(17, 200, {})  # past MAX_K, ragged K
-    # up to 16 tokens x through registers, 16 rows a program while at most two a SM, then
+    # up to 32 tokens x through registers, 16 rows a program while at most two a SM, then
     # 32; past that x by TMA, 16 rows a program while they fit in one wave, then 32, and
     # two warpgroups past 64 tokens where one does not fit
-    assert sk.pick_config(1, 576, 576) == sk.pick_config(16, 1536, 576) == REG_CONFIGS[0]
+    assert sk.pick_config(1, 576, 576) == sk.pick_config(32, 1536, 576) == REG_CONFIGS[0]
     assert sk.pick_config(1, 4224, 576) == REG_CONFIGS[0]  # 264 programs
     assert sk.pick_config(1, 4240, 576) == REG_CONFIGS[1]  # 16 rows: 265 programs
     assert sk.pick_config(1, 8192, 512) is None  # 2^22 weights: a large layer
-    assert sk.pick_config(17, 576, 576) == sk.pick_config(128, 576, 576) == CONFIGS[0]
+    assert sk.pick_config(33, 576, 576) == sk.pick_config(128, 576, 576) == CONFIGS[0]
     assert sk.pick_config(256, 192, 576) == CONFIGS[0]  # 48 programs
     assert sk.pick_config(256, 576, 576) == CONFIGS[1]  # 16 rows: 144 programs
     assert sk.pick_config(64, 1536, 576) == CONFIGS[0]  # 96 programs

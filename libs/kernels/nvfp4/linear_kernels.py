@@ -45,7 +45,7 @@ warp-specialized Gluon GEMM whose MMA warpgroup decodes into wgmma's register op
 its previous wgmma runs: ~155 us at M = 256, torch 171-175 us; 75 us at M = 64, torch
 128-142 us), layers under 2^22 weights with K up to 576 to small_kernel.py (one decode
 per tile of 16-32 weight rows into shared memory, then wgmma with x as A, by TMA or up
-to 16 tokens straight into registers: SmolLM2's 576 x 576 at M = 256 in ~3.5 us against
+to 32 tokens straight into registers: SmolLM2's 576 x 576 at M = 256 in ~3.5 us against
 ~5.6 us here, at M = 1 ~2.7 against ~4.9 us),
 17 tokens or more on small layers with longer K (SmolLM2's down projection, K = 1536) to
 small_phased_kernel.py (the same form with x streamed through a ring of shared buffers:

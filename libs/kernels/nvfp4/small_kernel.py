@@ -21,9 +21,9 @@ M = 256 in 3.48 us against 3.98 (torch 3.77), 192 x 576 in 2.94 against 3.70 (3.
 576 x 576 at M = 1 3.10 against 3.43 (3.59), three interleaved rounds on an H200
 (docs/notes/nvfp4-triton.md, sessions `small-pipelines`, `small-wgmma`, `small-tma-x`,
 `floors`). An x that TMA cannot read (a misaligned view) goes to linear_kernels' Triton
-kernel past 16 tokens (`readable`).
+kernel past 32 tokens (`readable`).
 
-Up to 16 tokens (X_REGS) x skips shared memory: each thread loads its A fragment straight
+Up to 32 tokens (X_REGS) x skips shared memory: each thread loads its A fragment straight
 from global memory, two 16-byte loads per token row and chunk, and the wgmmas read only
 the weights from shared memory. The fragment pairs K as (2q, 2q + 1, 2q + 8, 2q + 9) per
 16-wide step, q = lane % 4; K is reordered inside each 64-wide chunk, identically for x
@@ -33,9 +33,13 @@ _x_to_registers). The TMA form fills a 64-token tile (74 KB) for one token and t
 reads it all; this form loads only the rows below M. Three interleaved rounds (session
 `x-registers`), us against the TMA form (torch): SmolLM2's 576 x 576 at M = 1 2.70 against
 3.11 (3.59), 1536 x 576 2.85 against 3.47 (3.93), the engine's fused 960 x 576 2.73
-against 3.44 (4.01) and 3072 x 576 3.28 against the Triton kernel's 5.38 (4.11); at 32
-tokens it is no longer ahead everywhere (576 x 576 3.02 against 2.99), and at 256 it loses
-(1536 x 576 5.10 against 4.57: a program's 128 token rows through the load path).
+against 3.44 (4.01) and 3072 x 576 3.28 against the Triton kernel's 5.38 (4.11). A TMA box
+whose rows run past M also costs: at 17-32 tokens 1536 x 576 takes 3.68-3.79 with x by
+TMA against 3.12 at 64, and 3.03-3.16 here; the engine's 960 x 576 2.95-3.06 against
+3.23-3.36, 3072 x 576 3.54-3.71 against 3.92-4.07; 576 x 576 ties (2.89-3.02 against
+2.97-2.99) and 192 x 576 loses 0.04-0.11 (2.82-2.93). From 40 tokens the TMA form wins
+except on 1536 rows, and at 256 this form loses (1536 x 576 5.10 against 4.57: a
+program's 128 token rows through the load path).
 
 Longer K (SmolLM2's down projection, K = 1536) does not fit x's tile in shared memory:
 small_phased_kernel streams it through a ring.
@@ -77,7 +81,7 @@ _NATURAL_ASM_BF16 = gl.constexpr(word_asm(_NATURAL_PRMTS, DECODE_BITS_BF16))
 _NATURAL_ASM_F16 = gl.constexpr(word_asm(_NATURAL_PRMTS, DECODE_BITS_F16))
 
 MAX_K = 576  # SmolLM2's K (measured); x's 64 x K tile a warpgroup fills shared memory
-X_REGS_MAX_M = 16  # up to here x goes straight to registers (measured: see the module doc)
+X_REGS_MAX_M = 32  # up to here x goes straight to registers (measured: see the module doc)
 
 
 @functools.cache
@@ -296,8 +300,9 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     Up to X_REGS_MAX_M tokens: x through registers, 16 rows a program while at most two
     programs a SM (they fit: ~200 registers a thread on 4 warps), else 32. Three interleaved
     rounds (session `x-registers`), us, 16 rows against 32 (torch): 576 x 576 at M = 1 / 16
-    2.70 / 2.91 against 3.00 / 3.30 (3.59 / 3.67), 1536 x 576 at M = 1 2.85 against 3.10
-    (3.93), 3072 x 576 (192 programs) at M = 1 3.28 against 3.26 (4.11).
+    / 32 2.70 / 2.91 / 3.02 against 3.00 / 3.30 / 3.45 (3.59 / 3.67 / 3.64), 1536 x 576 at
+    M = 1 2.85 against 3.10 (3.93), 3072 x 576 (192 programs) at M = 1 / 32 3.28 / 3.82
+    against 3.26 / 3.71 (4.11 / 4.16).
 
     Past that, x by TMA. From three interleaved rounds on SmolLM2's 576-wide layers at
     1-256 tokens (session `floors`; "before": the form with the weights as A): the fewest
