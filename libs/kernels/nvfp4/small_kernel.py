@@ -36,7 +36,7 @@ reads it all; this form loads only the rows below M. Three interleaved rounds (s
 against 3.44 (4.01) and 3072 x 576 3.28 against the Triton kernel's 5.38 (4.11). A TMA box
 whose rows run past M also costs: at 17-32 tokens 1536 x 576 takes 3.68-3.79 with x by
 TMA against 3.12 at 64, and 3.03-3.16 here; the engine's 960 x 576 2.95-3.06 against
-3.23-3.36, 3072 x 576 3.54-3.71 against 3.92-4.07; 576 x 576 ties (2.89-3.02 against
+3.23-3.36, 3072 x 576 3.54-3.82 against 3.92-4.07; 576 x 576 ties (2.89-3.02 against
 2.97-2.99) and 192 x 576 loses 0.04-0.11 (2.82-2.93). From 40 tokens the TMA form wins
 except on 1536 rows, and at 256 this form loses (1536 x 576 5.10 against 4.57: a
 program's 128 token rows through the load path).
