@@ -4,7 +4,13 @@ a ring of shared buffers, against the exact product. GPU only (`gpu`)."""
 import pytest
 import torch
 
-from .nvfp4_helpers import count_exact_on_shapes, gluon_kernel, repeated_launches
+from .nvfp4_helpers import (
+    check_linear_exact,
+    count_exact_on_shapes,
+    cuda_weight,
+    gluon_kernel,
+    repeated_launches,
+)
 
 pytestmark = pytest.mark.gpu
 ph = gluon_kernel("small_phased_kernel")
@@ -44,3 +50,20 @@ def test_phased_pick_config():
     assert ph.pick_config(256, 2048, 1536) is None  # 256 programs
     assert ph.pick_config(64, 4096, 4096) is None  # a large layer
     assert ph.pick_config(64, 576, 1600) is None  # K not in whole phases
+
+
+def test_phased_misaligned_x_goes_to_the_triton_kernel():
+    # a view one element into its rows: TMA cannot read it at any M (small_kernel reads such
+    # an x with plain loads up to 32 tokens, this kernel cannot), so the Triton kernel runs
+    from libs.kernels import nvfp4_linear
+    from libs.kernels.nvfp4 import linear_kernels as lk
+
+    packed, scales, s2 = cuda_weight(576, 1536, torch.bfloat16, seed=12)
+    wide = torch.randn(20, 1544, device="cuda", dtype=torch.bfloat16)
+    x = wide[:, 1:1537]
+    assert not ph.readable(x, packed) and ph.readable(wide[:, :1536], packed)
+    out = torch.empty(20, 576, device="cuda", dtype=torch.bfloat16)
+    assert lk.route(x, packed, scales, out)[0] == "triton"
+    assert lk.route(wide[:, :1536], packed, scales, out)[0] == "small_phased"
+    check_linear_exact(nvfp4_linear(x, packed, scales, s2), x, packed, scales, s2, None,
+                       torch.bfloat16)

@@ -440,7 +440,7 @@ def route(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
         if cfg:
             return "small", cfg
         phased = _gluon("small_phased_kernel")
-        cfg = phased and small.readable(x2, packed) and phased.pick_config(m, n, k, sms)
+        cfg = phased and phased.readable(x2, packed) and phased.pick_config(m, n, k, sms)
         if cfg:
             return "small_phased", cfg
         gemm = _gluon("gemm_kernel")

@@ -112,6 +112,12 @@ def fits(m: int, k: int, cfg: dict) -> bool:
             and bn * k * 2 + XS * XC * 64 * 64 * 2 <= 220 * 1024)
 
 
+def readable(x2: torch.Tensor, packed: torch.Tensor) -> bool:
+    """Whether x makes a TMA descriptor (at every M: this kernel has no register path for
+    x) and packed can be read as int32 words."""
+    return tma_ready(x2) and packed.data_ptr() % 4 == 0
+
+
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     """The config for an [m, k] x [n, k]^T product, or None where another kernel runs:
     1-16 tokens (linear_kernels' Triton kernel measured faster), layers of 2^22 weights
@@ -129,7 +135,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, num_warps=4); requires
-    fits(M, K, cfg), small_kernel.readable(x2, packed) and unit strides along K."""
+    fits(M, K, cfg), readable(x2, packed) and unit strides along K."""
     m, k = x2.shape
     n = packed.shape[0]
     bn, w = cfg["BN"], cfg.get("num_warps", 4)
