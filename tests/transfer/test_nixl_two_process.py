@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 
+import anyio
 import pytest
 import torch
 
@@ -127,8 +128,6 @@ def test_close_counts_handles_never_released() -> None:
     try:
         name = agent.add_peer(peer.metadata)
         layout = PoolLayout.from_dict(peer.layout_dict)
-        import anyio
-
         kept = [agent.write_pages(name, layout, [i], [i]) for i in range(3)]
         for xfer in kept:
             anyio.run(wait, xfer, time.monotonic() + 10)

@@ -139,7 +139,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     m, k = x2.shape
     n = packed.shape[0]
     bn, w = cfg["BN"], cfg.get("num_warps", 4)
-    assert fits(m, k, cfg) and tma_ready(x2) and w == 4 and bn in (16, 32), (m, k, cfg)
+    assert fits(m, k, cfg) and readable(x2, packed) and w == 4 and bn in (16, 32), (m, k, cfg)
     bm = 64
     wl, acc, sw = layouts(bn, w)
     # x as [chunk, token, K in chunk]: a slot's XC chunks are one TMA box (one copy of
