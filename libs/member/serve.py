@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import anyio
@@ -128,7 +129,7 @@ async def serve_member(
     membership_ref.append(membership)
     log.info("%s %s serving on %s, metrics on http://%s/metrics", role_name, member.name,
              address, metrics_address)
-    try:
+    async with stopping(running, member.agent, member.name):
         async with anyio.create_task_group() as tg:
             tg.start_soon(membership.run)
             tg.start_soon(_report_health, running, service, member.name)
@@ -136,19 +137,36 @@ async def serve_member(
                           metrics_sock)
             if run_extra is not None:
                 tg.start_soon(run_extra(service))
+
+
+@asynccontextmanager
+async def stopping(running, agent, name: str) -> AsyncIterator[None]:
+    """Serve inside this; on the way out, stop the gRPC server and then close the NIXL
+    agent. A body that crashed keeps its own exception (a leak found after it is only
+    logged), while a clean or cancelled stop fails on a leak."""
+    crashed = False
+    try:
+        yield
+    except Exception:
+        crashed = True
+        raise
     finally:
         with anyio.move_on_after(2.0, shield=True):
             await running.stop(0.5)
-        close_agent(member.agent, member.name)
+        close_agent(agent, name, crashed=crashed)
 
 
-def close_agent(agent, name: str) -> None:
+def close_agent(agent, name: str, crashed: bool = False) -> None:
     """Close the member's NIXL agent once its tasks are gone; a transfer handle still held
     then is a leak, and the stop fails with a line naming it (exit code 1) instead of
-    ending quietly or, at interpreter exit, in UCX's abort."""
+    ending quietly or, at interpreter exit, in UCX's abort. After a crash the leak is
+    logged only: a SystemExit raised here would replace the crash as what the process
+    reports, and the crash is the cause."""
     leaked = agent.close()
-    if leaked:
-        log.error("%s: %d NIXL transfer handles were never released", name, leaked)
+    if not leaked:
+        return
+    log.error("%s: %d NIXL transfer handles were never released", name, leaked)
+    if not crashed:
         raise SystemExit(f"pdmesh: {name} stopped holding {leaked} unreleased NIXL "
                          "transfer handles (a leak)")
 
