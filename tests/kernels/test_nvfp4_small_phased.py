@@ -27,8 +27,44 @@ def test_phased_matches_exact(cfg, dtype):
     assert count_exact_on_shapes(ph, cfg, shapes, dtype) == len(shapes)
 
 
-def test_phased_is_deterministic():
-    outs = repeated_launches(ph, CONFIGS[0], n=576, k=1536, m=100)
+# x's TMA box: 32 rows up to 32 tokens (the rows past them never written), else 64; each
+# forced here at the token counts it allows, the 64-row box also where 32 would be picked
+BOX_CONFIGS = [dict(BN=16, num_warps=4, XR=16), dict(BN=32, num_warps=4, XR=32),
+               dict(BN=16, num_warps=4, XR=64)]
+
+
+@pytest.mark.parametrize("cfg", BOX_CONFIGS, ids=lambda c: f"bn{c['BN']}-xr{c['XR']}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_phased_boxes_match_exact(cfg, dtype):
+    shapes = [(576, 1536, m) for m in (1, 5, 16, 17, 31, 32)] + [(200, 768, 9)]
+    shapes = [s for s in shapes if s[2] <= cfg["XR"]]
+    assert count_exact_on_shapes(ph, cfg, shapes, dtype) == len(shapes)
+
+
+def test_phased_box_rows():
+    assert [ph.x_rows(m) for m in (1, 17, 32, 33, 64, 256)] == [32, 32, 32, 64, 64, 64]
+    packed, scales, s2 = cuda_weight(576, 1536, torch.bfloat16, seed=3)
+    x = torch.randn(33, 1536, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(33, 576, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(AssertionError):  # a box must hold every token of the tile
+        ph.launch(x, packed, scales, s2, None, out, BOX_CONFIGS[1])
+
+
+@pytest.mark.parametrize("m", [20, 40])
+def test_phased_does_not_write_past_m_or_n(m):
+    # a 32-row box at 20 tokens (rows 20..63 of the tile never loaded), a 64-row one at 40
+    packed, scales, s2 = cuda_weight(100, 768, torch.bfloat16, seed=5)
+    x = torch.randn(m, 768, device="cuda", dtype=torch.bfloat16)
+    big = torch.full((80, 128), 7.0, device="cuda", dtype=torch.bfloat16)
+    out = big[:m, :100]  # row stride 128: anything written past n or m shows in big
+    ph.launch(x, packed, scales, s2, None, out, CONFIGS[0])
+    assert (big[m:] == 7).all() and (big[:, 100:] == 7).all()
+    check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
+
+
+@pytest.mark.parametrize("m", [20, 100])  # a 32-row box, then two tiles of 64
+def test_phased_is_deterministic(m):
+    outs = repeated_launches(ph, CONFIGS[0], n=576, k=1536, m=m)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 

@@ -14,7 +14,9 @@ Measured on an H200 (docs/notes/nvfp4-triton.md, session `phases`), 576 x 1536, 
 interleaved rounds in the bench's graph timer: M = 64 ~5.0 us against 5.26-5.33 for
 linear_kernels' Triton kernel (torch 5.06-5.13), M = 128 ~5.0 against 6.28-6.33
 (5.14-5.21), M = 256 (32 rows, 72 programs) 5.79 against the GEMM's 6.42-6.50 (5.24).
-At 1-16 tokens the Triton kernel stays faster (4.59-4.64 against 5.08-5.10). A copy per
+At 1-16 tokens the Triton kernel stays faster (4.59-4.64 against 5.08-5.10). Up to 32
+tokens x comes in boxes of 32 rows, one per chunk (x_rows): 4.68-4.70 us at 17-32 tokens
+against 5.01-5.10 with the 64-row box (torch 4.99-5.05; session `boxes`). A copy per
 chunk instead of per slot: 4.93-5.13 at 32-192 tokens, 6.34 at 256. Shallower rings lost
 (3 slots of 2 chunks 5.45-5.47 us at M = 64-128, 2 of 4 5.79), so did 128-token tiles on
 one or two warpgroups (7.0-9.7) and K split across two warpgroups (6.4-8.8).
@@ -47,12 +49,21 @@ _BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, 
 
 @gluon.jit
 def _fill(x_desc, x_ring, bars, slot: gl.constexpr, phase: gl.constexpr, row,
-          XC: gl.constexpr):
-    """TMA phase `phase`'s XC x chunks into ring slot `slot` as one box (x viewed as
-    [chunk, token, K in chunk]), arriving on the slot's barrier."""
-    mbarrier.expect(bars.index(slot), x_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(x_desc, [phase * XC, row, 0], bars.index(slot),
-                                    x_ring[slot])
+          XC: gl.constexpr, XR: gl.constexpr):
+    """TMA phase `phase`'s XC x chunks into ring slot `slot`, arriving on the slot's
+    barrier: one box [XC, 64, 64] (x viewed as [chunk, token, K in chunk]) with XR = 64,
+    else a [XR, 64] box per chunk into its tile's first XR rows (one token tile, M <= XR:
+    the rows after them are never written: they feed only accumulator rows >= XR, which
+    the store masks, as a row of the product depends on its own row of x alone)."""
+    if XR == 64:
+        mbarrier.expect(bars.index(slot), x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [phase * XC, row, 0], bars.index(slot),
+                                        x_ring[slot])
+    else:
+        mbarrier.expect(bars.index(slot), XC * x_desc.block_type.nbytes)
+        for j in gl.static_range(XC):
+            tma.async_copy_global_to_shared(x_desc, [row, (phase * XC + j) * 64],
+                                            bars.index(slot), x_ring[slot].index(j).slice(0, XR))
 
 
 @gluon.jit
@@ -60,7 +71,7 @@ def _phased_kernel(
     x_desc, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr,
     M, N, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
-    XC: gl.constexpr, XS: gl.constexpr, OUT_LOG2: gl.constexpr,
+    XC: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, OUT_LOG2: gl.constexpr,
     WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr,
 ):
     """out[tokens, rows] for 64 tokens and BN weight rows, as small_kernel's, with x in
@@ -75,16 +86,21 @@ def _phased_kernel(
     x_ring = ()
     x_tiles = ()
     for _ in gl.static_range(XS):
-        slot = gl.allocate_shared_memory(dtype, [XC, BM, 64], x_desc.layout)
-        x_ring = x_ring + (slot,)
-        x_tiles = x_tiles + (slot._reinterpret(dtype, [XC, BM, 64], SW),)
+        if XR == 64:
+            slot = gl.allocate_shared_memory(dtype, [XC, BM, 64], x_desc.layout)
+            x_ring = x_ring + (slot,)
+            x_tiles = x_tiles + (slot._reinterpret(dtype, [XC, BM, 64], SW),)
+        else:  # per-chunk 2D boxes: the slot in the 2D tiles' layout
+            slot = gl.allocate_shared_memory(dtype, [XC, BM, 64], SW)
+            x_ring = x_ring + (slot,)
+            x_tiles = x_tiles + (slot,)
     bars = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(XS):
         mbarrier.init(bars.index(s), count=1)
     fence_async_shared()
     for s in gl.static_range(XS):
         if s < NP:
-            _fill(x_desc, x_ring, bars, s, s, pid_m * BM, XC)
+            _fill(x_desc, x_ring, bars, s, s, pid_m * BM, XC, XR)
     w_bufs = _decode_to_shared(words, scales, SW, dtype, False)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
     for p in gl.static_range(NP):
@@ -97,11 +113,19 @@ def _phased_kernel(
                 # only phase p's wgmmas may still read the ring: phase p - 1's slot is free
                 acc = warpgroup_mma_wait(XC, deps=(acc,))
                 gl.thread_barrier()
-                _fill(x_desc, x_ring, bars, (p - 1) % XS, p - 1 + XS, pid_m * BM, XC)
+                _fill(x_desc, x_ring, bars, (p - 1) % XS, p - 1 + XS, pid_m * BM, XC, XR)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     for s in gl.static_range(XS):
         mbarrier.invalidate(bars.index(s))
     _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS, OUT_LOG2)
+
+
+def x_rows(m: int) -> int:
+    """Token rows of x's TMA box: 32 up to 32 tokens, else a whole tile of 64. The box's
+    size costs, not the rows read: 576 x 1536 took 4.68-4.70 us at 17-32 tokens with
+    32-row boxes against 5.01-5.10 with 64-row ones (5.01 at 64 tokens, no row past M);
+    session `boxes`. Gluon's TMA boxes have power-of-two rows, so 33-63 tokens keep 64."""
+    return 32 if m <= 32 else 64
 
 
 def fits(m: int, k: int, cfg: dict) -> bool:
@@ -144,12 +168,17 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     wl, acc, sw = layouts(bn, w)
     # x as [chunk, token, K in chunk]: a slot's XC chunks are one TMA box (one copy of
     # four chunks took 5.79 us at M = 256 against 6.34 for four copies)
-    x3 = x2.as_strided((k // 64, m, 64), (64, x2.stride(0), 1))
-    x_desc = TensorDescriptor.from_tensor(x3, [XC, bm, 64], _BOX_LAYOUT)
+    xr = cfg.get("XR") or x_rows(m)
+    assert xr == bm or (m <= xr and xr in (16, 32)), (m, cfg)
+    if xr == bm:
+        x3 = x2.as_strided((k // 64, m, 64), (64, x2.stride(0), 1))
+        x_desc = TensorDescriptor.from_tensor(x3, [XC, bm, 64], _BOX_LAYOUT)
+    else:
+        x_desc = TensorDescriptor.from_tensor(x2, [xr, 64], sw)
     words = packed.view(torch.int32)
     _phased_kernel[(cdiv(n, bn), cdiv(m, bm))](
         x_desc, words, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
         m, n, words.stride(0), scales.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=XS,
+        HAS_BIAS=bias is not None, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=XS, XR=xr,
         OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, num_warps=w)
     return out
