@@ -51,11 +51,11 @@ _BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, 
 def _fill(x_desc, x_ring, bars, slot: gl.constexpr, phase: gl.constexpr, row,
           XC: gl.constexpr, XR: gl.constexpr):
     """TMA phase `phase`'s XC x chunks into ring slot `slot`, arriving on the slot's
-    barrier: one box [XC, 64, 64] (x viewed as [chunk, token, K in chunk]) with XR = 64,
+    barrier: one box [XC, BM, 64] (x viewed as [chunk, token, K in chunk]) with XR = BM,
     else a [XR, 64] box per chunk into its tile's first XR rows (one token tile, M <= XR:
     the rows after them are never written: they feed only accumulator rows >= XR, which
     the store masks, as a row of the product depends on its own row of x alone)."""
-    if XR == 64:
+    if XR == x_ring[slot].shape[1]:
         mbarrier.expect(bars.index(slot), x_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(x_desc, [phase * XC, row, 0], bars.index(slot),
                                         x_ring[slot])
@@ -86,7 +86,7 @@ def _phased_kernel(
     x_ring = ()
     x_tiles = ()
     for _ in gl.static_range(XS):
-        if XR == 64:
+        if XR == BM:
             slot = gl.allocate_shared_memory(dtype, [XC, BM, 64], x_desc.layout)
             x_ring = x_ring + (slot,)
             x_tiles = x_tiles + (slot._reinterpret(dtype, [XC, BM, 64], SW),)
