@@ -55,6 +55,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .grid import cdiv
+from .launch_cache import LaunchCache
 from .linear_kernels import _DECODE, DECODE_BITS_BF16, DECODE_BITS_F16, _tile_counters
 
 
@@ -482,13 +483,17 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     wl, sl, xl, mma = layouts(bn, bm, w, nbytes)
     words = packed.view(torch.int32)
     pairs = scales.view(torch.int16)
-    _gemv_kernel[grid](
-        x2, words, pairs, s2, bias if bias is not None else out, out, ws, cnt,
-        m, n, x2.stride(0), words.stride(0), pairs.stride(0), out.stride(0), k_iters,
-        HAS_BIAS=bias is not None, BN=bn, BM=bm, NBYTES=nbytes, SPLIT_K=split, SLICES=slices,
-        RAGGED=ragged,
-        OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma,
-        num_warps=w,
-    )
+    has_bias = bias is not None
+    _LAUNCHES(
+        grid,
+        (x2, words, pairs, s2, bias if has_bias else out, out, ws, cnt,
+         m, n, x2.stride(0), words.stride(0), pairs.stride(0), out.stride(0), k_iters),
+        dict(HAS_BIAS=has_bias, BN=bn, BM=bm, NBYTES=nbytes, SPLIT_K=split, SLICES=slices,
+             RAGGED=ragged, OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma),
+        dict(num_warps=w), static_key=(has_bias, bn, bm, nbytes, split, slices, ragged, w,
+                                       x2.dtype))
     return out
+
+
+_LAUNCHES = LaunchCache(_gemv_kernel)  # a memo of compiled launches, as Triton's own cache
 

@@ -68,6 +68,7 @@ import triton.language as tl
 
 from .format import BLOCK
 from .grid import cdiv
+from .launch_cache import LaunchCache
 
 # Per x.dtype: (log2 of the factor folded into the block scale, log2 of the factor the
 # epilogue puts back). See the module docstring.
@@ -403,18 +404,22 @@ def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
     else:
         ws = cnt = out  # never read
     scale_log2, out_log2 = _DECODE[x2.dtype]
-    _linear_kernel[grid](
-        x2, packed, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
-        ws, cnt, m, n, k, x2.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
-        k_iters,
-        HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split,
-        EVEN_K=k == bk * k_iters * split, SCALE_LOG2=scale_log2, OUT_LOG2=out_log2,
-        DECODE_ASM=cfg.get("DECODE_ASM", DECODE_ASM) if decode_asm is None else decode_asm,
-        K_INTERLEAVE=bool(cfg.get("K_INTERLEAVE")) and split > 1,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
+    _LAUNCHES(
+        grid,
+        (x2, packed, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
+         ws, cnt, m, n, k, x2.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
+         k_iters),
+        dict(HAS_BIAS=bias is not None, BLOCK_N=bn, BLOCK_M=bm, BLOCK_K=bk, SPLIT_K=split,
+             EVEN_K=k == bk * k_iters * split, SCALE_LOG2=scale_log2, OUT_LOG2=out_log2,
+             DECODE_ASM=cfg.get("DECODE_ASM", DECODE_ASM) if decode_asm is None else decode_asm,
+             K_INTERLEAVE=bool(cfg.get("K_INTERLEAVE")) and split > 1),
+        dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+             **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {})),
     )
     return out
+
+
+_LAUNCHES = LaunchCache(_linear_kernel)  # a memo of compiled launches, as Triton's own cache
 
 
 def route(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
@@ -467,16 +472,18 @@ def linear(
         w = dequantize(packed, scales, s2, torch.float32)
         return torch.nn.functional.linear(x, w, bias)
     n, k = packed.shape[0], packed.shape[1] * 2
-    x2 = x.reshape(-1, k)
+    flat = x.dim() == 2  # the engine's case: no reshapes (each costs microseconds of host)
+    x2 = x if flat else x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     out = torch.empty((x2.shape[0], n), dtype=x.dtype, device=x.device)
     if x2.shape[0] and n:
-        s2 = s2.to(device=x.device, dtype=torch.float32)
+        if s2.dtype != torch.float32 or s2.device != x.device:
+            s2 = s2.to(device=x.device, dtype=torch.float32)
         kernel, cfg = route(x2, packed, scales, out)
         run = launch if kernel == "triton" else _gluon(f"{kernel}_kernel").launch
         run(x2, packed, scales, s2, bias, out, cfg)
-    return out.reshape(*x.shape[:-1], n)
+    return out if flat else out.reshape(*x.shape[:-1], n)
 
 
 assert BLOCK == 16  # the kernel hard-codes 16-element blocks (BLOCK_K // 16 scales per row)

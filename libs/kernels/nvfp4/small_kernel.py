@@ -65,6 +65,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .gemm_kernel import tma_ready
 from .gemv_kernel import _SCALE_ASM_BF16, _SCALE_ASM_F16, _halves, _load_s2_bias, word_asm
 from .grid import cdiv
+from .launch_cache import LaunchCache
 from .linear_kernels import _DECODE, DECODE_BITS_BF16, DECODE_BITS_F16
 
 # gemv_kernel's word decode with other prmt sources, since x comes by TMA in K order: the
@@ -347,9 +348,15 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
         assert tma_ready(x2), "x must be TMA-readable without X_REGS"
         x_src, xl = TensorDescriptor.from_tensor(x2, [bm, 64], sw), None
     words = packed.view(torch.int32)
-    _small_kernel[(cdiv(n, bn), cdiv(m, bm))](
-        x_src, words, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
-        m, n, x2.stride(0), words.stride(0), scales.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BN=bn, BM=bm, KC=k // 64, OUT_LOG2=_DECODE[x2.dtype][1],
-        WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl, num_warps=w)
+    has_bias = bias is not None
+    _LAUNCHES(
+        (cdiv(n, bn), cdiv(m, bm)),
+        (x_src, words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
+         m, n, x2.stride(0), words.stride(0), scales.stride(0), out.stride(0)),
+        dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, OUT_LOG2=_DECODE[x2.dtype][1],
+             WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl),
+        dict(num_warps=w), static_key=(has_bias, bn, w, k, x2.dtype, x_regs))
     return out
+
+
+_LAUNCHES = LaunchCache(_small_kernel)  # a memo of compiled launches, as Triton's own cache

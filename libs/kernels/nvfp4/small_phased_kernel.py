@@ -38,6 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .grid import cdiv
+from .launch_cache import LaunchCache
 from .linear_kernels import _DECODE
 from .small_kernel import _decode_to_shared, _load_rows, _store_tokens, layouts, tma_ready
 
@@ -176,9 +177,15 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     else:
         x_desc = TensorDescriptor.from_tensor(x2, [xr, 64], sw)
     words = packed.view(torch.int32)
-    _phased_kernel[(cdiv(n, bn), cdiv(m, bm))](
-        x_desc, words, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
-        m, n, words.stride(0), scales.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=XS, XR=xr,
-        OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, num_warps=w)
+    has_bias = bias is not None
+    _LAUNCHES(
+        (cdiv(n, bn), cdiv(m, bm)),
+        (x_desc, words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
+         m, n, words.stride(0), scales.stride(0), out.stride(0)),
+        dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=XS, XR=xr,
+             OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw),
+        dict(num_warps=w), static_key=(has_bias, bn, w, k, xr, x2.dtype))
     return out
+
+
+_LAUNCHES = LaunchCache(_phased_kernel)  # a memo of compiled launches, as Triton's own cache

@@ -1,0 +1,79 @@
+"""Launch a Triton or Gluon kernel through its CompiledKernel once Triton has compiled it
+for the call's specialization: the eager engine's host time per linear.
+
+Why: an eager decode step is host-bound, and every NVFP4 linear is one launch. Triton's
+JIT launch spends ~20-26 us of host time a call on the H200's host (binding the
+arguments, specializing each, hashing the constexpr layouts into its cache key) where the
+compiled kernel's own launcher takes ~8-11 us (docs/notes/nvfp4-triton.md, session
+`boxes`). So each launch site keys its calls itself: a static key the caller already has
+(its config and dtype, in place of the constexprs they determine) plus what Triton
+specializes the runtime arguments on:
+
+- a tensor: its dtype and whether its address is a multiple of 16 bytes;
+- an int: whether it is 1 (Triton makes it a constant), a multiple of 16, and fits 32 bits;
+- a TMA descriptor: its dtype, block shape and layout (its type); None and floats: nothing.
+
+That key tells apart at least the calls Triton tells apart, so one compiled kernel per key
+is the one Triton would pick. A new key goes through the JIT once (compiling if needed,
+launching that call) and its CompiledKernel is kept for the next calls. The current
+device is part of the key, as the JIT keeps a cache per device. Profilers' launch hooks
+still run: the compiled kernel's runner calls them as the JIT does.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton import knobs
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+from triton.runtime import driver
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+_I32 = range(-(2**31), 2**31)
+
+
+def _specialization(value) -> object:
+    """What Triton's specialization of one runtime argument depends on (see the module doc)."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() % 16 == 0
+    if isinstance(value, bool):  # before int: a bool is an int
+        return bool, value
+    if isinstance(value, int):
+        return value == 1, value % 16 == 0, value in _I32
+    if isinstance(value, (GluonDescriptor, TensorDescriptor)):
+        return value.base.dtype, tuple(value.block_shape), value.layout
+    if value is None or isinstance(value, float):
+        return type(value)
+    raise TypeError(f"no launch-cache specialization for {type(value).__name__}")
+
+
+class LaunchCache:
+    """One kernel's compiled launches, by (device, static key, runtime specialization)."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel  # a JITFunction (triton.jit or gluon.jit)
+        self.names = kernel.arg_names
+        self.entries: dict[tuple, tuple] = {}
+
+    def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict,
+                 static_key: tuple | None = None) -> None:
+        """kernel[grid](*args, **constexprs, **options). args are the runtime arguments in
+        signature order (they come first in every kernel here), constexprs the rest by
+        name. static_key must determine constexprs and options; without one they are the
+        key themselves (plain values: Gluon layouts cost microseconds to hash)."""
+        if static_key is None:
+            static_key = tuple(constexprs.values()) + tuple(options.items())
+        device = driver.active.get_current_device()
+        key = (device, static_key, tuple(_specialization(a) for a in args))
+        entry = self.entries.get(key)
+        if entry is None:
+            compiled = self.kernel[grid](*args, **constexprs, **options)
+            tail = tuple(constexprs[name] for name in self.names[len(args):])
+            self.entries[key] = (compiled, tail)
+            return
+        compiled, tail = entry
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        stream = driver.active.get_current_stream(device)
+        full = args + tail
+        compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(g, stream, *full), knobs.runtime.launch_enter_hook,
+                     knobs.runtime.launch_exit_hook, *full)
