@@ -32,12 +32,15 @@ _I32 = range(-(2**31), 2**31)
 
 
 def _specialization(value) -> object:
-    """What Triton's specialization of one runtime argument depends on (see the module doc)."""
+    """What Triton's specialization of one runtime argument depends on (see the module doc).
+    Ints first: most arguments are (a bool's type is not int, so it falls through)."""
+    if type(value) is int:
+        return value == 1, value % 16 == 0, value in _I32
     if isinstance(value, torch.Tensor):
         return value.dtype, value.data_ptr() % 16 == 0
-    if isinstance(value, bool):  # before int: a bool is an int
+    if isinstance(value, bool):
         return bool, value
-    if isinstance(value, int):
+    if isinstance(value, int):  # an int subclass
         return value == 1, value % 16 == 0, value in _I32
     if isinstance(value, (GluonDescriptor, TensorDescriptor)):
         return value.base.dtype, tuple(value.block_shape), value.layout
