@@ -6,6 +6,7 @@ checkpoint export (see reference.py for what was matched), or for CUDA tensors w
 installed the Triton kernels, whose quantize/dequantize are bit-exact with the reference.
 """
 
+import contextlib
 import functools
 import importlib
 import importlib.util
@@ -50,6 +51,15 @@ def _impl(t: torch.Tensor) -> ModuleType:
     return impl if impl is not None else reference
 
 
+def _on_device_of(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Make t's GPU the current one for the call. Triton launches on the current device
+    whatever its arguments' device, and the current device is per thread: a member started
+    with --device cuda:1 runs its steps in worker threads whose current device is 0."""
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
+
+
 def quantize_nvfp4(
     x: torch.Tensor, global_scale: torch.Tensor | float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -68,7 +78,8 @@ def quantize_nvfp4(
         s2 = reference.global_scale(x)
     else:
         s2 = checks.as_global_scale(global_scale, x.device)
-    packed, scales = _impl(x).quantize(x, s2)
+    with _on_device_of(x):
+        packed, scales = _impl(x).quantize(x, s2)
     return packed, scales, s2
 
 
@@ -82,7 +93,8 @@ def dequantize_nvfp4(
     checks.check_quantized(packed, scales)
     checks.check_out_dtype(dtype)
     s2 = checks.as_global_scale(global_scale, packed.device)
-    return _impl(packed).dequantize(packed, scales, s2, dtype)
+    with _on_device_of(packed):
+        return _impl(packed).dequantize(packed, scales, s2, dtype)
 
 
 def nvfp4_linear(
@@ -102,4 +114,5 @@ def nvfp4_linear(
     # loader); testing it again here would cost a host sync on every linear.
     on_gpu = isinstance(w_global, torch.Tensor) and w_global.is_cuda
     s2 = checks.as_global_scale(w_global, packed_w.device, check_value=not on_gpu)
-    return _impl(x).linear(x, packed_w, w_scales, s2, bias)
+    with _on_device_of(x):
+        return _impl(x).linear(x, packed_w, w_scales, s2, bias)
