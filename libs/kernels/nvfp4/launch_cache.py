@@ -32,15 +32,12 @@ _I32 = range(-(2**31), 2**31)
 
 
 def _specialization(value) -> object:
-    """What Triton's specialization of one runtime argument depends on (see the module doc).
-    Ints first: most arguments are (a bool's type is not int, so it falls through)."""
-    if type(value) is int:
-        return value == 1, value % 16 == 0, value in _I32
+    """What Triton's specialization of one runtime argument depends on (see the module doc)."""
     if isinstance(value, torch.Tensor):
         return value.dtype, value.data_ptr() % 16 == 0
-    if isinstance(value, bool):
+    if isinstance(value, bool):  # before int: a bool is an int
         return bool, value
-    if isinstance(value, int):  # an int subclass
+    if isinstance(value, int):
         return value == 1, value % 16 == 0, value in _I32
     if isinstance(value, (GluonDescriptor, TensorDescriptor)):
         return value.base.dtype, tuple(value.block_shape), value.layout

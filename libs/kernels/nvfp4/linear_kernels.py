@@ -294,6 +294,7 @@ def _gluon(name: str):
 
 
 @functools.cache
+@functools.cache  # asked on every linear; a device's SM count does not change
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
         return 132  # the interpreter (TRITON_INTERPRET=1) on CPU tensors
