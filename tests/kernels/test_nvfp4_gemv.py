@@ -34,6 +34,11 @@ SLICED = [
     dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, SLICES=4, num_warps=4),
     dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, SLICES=2, num_warps=2),
 ]
+# one token with x staged in shared memory: the pick's 64 rows on 4 warps, and 128 on 8
+X_SMEM = [
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=4, num_warps=4, X_SMEM=True),
+    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8, X_SMEM=True),
+]
 # K in whole chunks of 128 but not whole four-chunk groups per split: uneven splits whose
 # last group is partly masked (the pick for 4096 x 11008 first)
 RAGGED = [
@@ -43,7 +48,7 @@ RAGGED = [
 ]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS + SLICED,
+@pytest.mark.parametrize("cfg", CONFIGS + SLICED + X_SMEM,
                          ids=lambda c: "-".join(str(v) for v in c.values()))
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemv_configs_match_exact(cfg, dtype):
@@ -52,6 +57,16 @@ def test_gemv_configs_match_exact(cfg, dtype):
               (1000, 8192, 1), (40, 4096, 1))
     ran = count_exact_on_shapes(gk, cfg, shapes, dtype)
     assert ran >= 2, cfg  # every config meets at least two of the shapes
+
+
+@pytest.mark.parametrize("cfg", X_SMEM, ids=["split4", "split1"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemv_staged_x_of_any_chunk_count_matches_exact(cfg, dtype):
+    # chunks per split that are not a power of two (56, 12, 28: the staging's last loads
+    # are masked) and the most it stages (64); ragged N, a bias (one token)
+    shapes = ((100, 7168, 1), (300, 1536, 1), (200, 14336, 1), (64, 8192, 1), (72, 28672, 1))
+    ran = count_exact_on_shapes(gk, cfg, shapes, dtype)
+    assert ran >= 3, cfg
 
 
 @pytest.mark.parametrize("cfg", RAGGED, ids=lambda c: f"split{c['SPLIT_K']}-w{c['num_warps']}")
@@ -64,26 +79,29 @@ def test_gemv_ragged_k_matches_exact(cfg, dtype):
     assert ran >= 2, cfg
 
 
-@pytest.mark.parametrize("cfg", [CONFIGS[1], SLICED[1]], ids=["split", "sliced"])
+@pytest.mark.parametrize("cfg", [CONFIGS[1], SLICED[1], X_SMEM[0]],
+                         ids=["split", "sliced", "staged-x"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemv_every_scale_code_and_byte(cfg, dtype):
     packed, scales, s2 = cuda_weight(256, 4096, dtype, seed=3, random_scales=True)
-    m = 1 if cfg.get("SLICES") else 5
+    m = 1 if cfg.get("SLICES") or cfg.get("X_SMEM") else 5
     x = torch.randn(m, 4096, device=CUDA).to(dtype)
     out = torch.empty(m, 256, device=CUDA, dtype=dtype)
     gk.launch(x, packed, scales, s2, None, out, cfg)
     check_linear_exact(out, x, packed, scales, s2, None, dtype)
 
 
-@pytest.mark.parametrize("cfg", [CONFIGS[1], SLICED[0]], ids=["split", "sliced"])
+@pytest.mark.parametrize("cfg", [CONFIGS[1], SLICED[0], X_SMEM[0]],
+                         ids=["split", "sliced", "staged-x"])
 def test_gemv_is_deterministic_and_leaves_counters_clean(cfg):
     outs = repeated_launches(gk, cfg, n=512, k=4096, m=1)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
-@pytest.mark.parametrize("cfg", [CONFIGS[0], SLICED[1]], ids=["split", "sliced"])
+@pytest.mark.parametrize("cfg", [CONFIGS[0], SLICED[1], X_SMEM[0]],
+                         ids=["split", "sliced", "staged-x"])
 def test_gemv_does_not_write_past_m_or_n(cfg):
-    m = 1 if cfg.get("SLICES") else 3
+    m = 1 if cfg.get("SLICES") or cfg.get("X_SMEM") else 3
     packed, scales, s2 = cuda_weight(100, 2048, torch.bfloat16, seed=5)
     x = torch.randn(m, 2048, device=CUDA, dtype=torch.bfloat16)
     big = torch.full((8, 128), 7.0, device=CUDA, dtype=torch.bfloat16)
@@ -98,9 +116,19 @@ def test_fits_and_pick_config():
     assert gk.fits(1, 4096, cfg) and gk.fits(8, 2048, cfg)
     assert not gk.fits(9, 4096, cfg)  # more tokens than the MMA's N
     assert not gk.fits(1, 1024, cfg)  # K not four chunks per split
-    assert gk.pick_config(1, 8192, 28672) == dict(BN=128, BM=8, NBYTES=16, SPLIT_K=4,
+    # one token elsewhere: x staged, 64 rows on 4 warps, about four programs per SM
+    assert gk.pick_config(1, 8192, 28672) == X_SMEM[0]
+    assert gk.pick_config(1, 28672, 8192)["SPLIT_K"] == 1  # 448 programs already
+    assert gk.pick_config(1, 4096, 14336) == X_SMEM[0]  # past K = 8192: no slices
+    assert "X_SMEM" not in gk.pick_config(1, 28672, 28672)  # 224 chunks: x not staged
+    assert gk.pick_config(2, 8192, 28672) == dict(BN=128, BM=8, NBYTES=16, SPLIT_K=4,
                                                   num_warps=8)
     assert gk.pick_config(8, 4096, 4096)["SPLIT_K"] == 8
+    staged = dict(X_SMEM[0])
+    assert gk.fits(1, 4096, staged) and not gk.fits(2, 4096, staged)  # one token only
+    assert not gk.fits(1, 64 * 1024, staged)  # 128 chunks a split: more than it stages
+    assert not gk.fits(1, 4096, dict(SLICED[1], X_SMEM=True))
+    assert not gk.fits(1, 11008, dict(RAGGED[0], X_SMEM=True))
     # one token on 2048-4096 rows: K sliced across the warps
     assert gk.pick_config(1, 4096, 4096) == SLICED[1]
     assert gk.pick_config(1, 2048, 4096) == SLICED[0]

@@ -14,7 +14,11 @@ be chosen, so here:
 - the weights go from global memory straight into registers (int32 words, so they are
   never split into bytes) and are decoded there with linear_kernels' inline-PTX decode;
   four K chunks of weights and scales are in flight per warp, x one chunk ahead;
-- the e4m3 block scales are converted two at a time (`cvt.rn.f16x2.e4m3x2`).
+- the e4m3 block scales are converted two at a time (`cvt.rn.f16x2.e4m3x2`);
+- for one token (X_SMEM) a program first copies its split's x (at most 16 KB) into shared
+  memory and reads each chunk from there: x loaded from global memory one chunk ahead
+  waited behind the weight stream (session `two-gpus`: 8192 x 28672 at M = 1 in 41.1
+  against 45.6 us, with 64-row programs on 4 warps).
 
 Long rows are split in K across programs (SPLIT_K), the last program of a tile summing the
 partials from a workspace. For one token on mid-sized layers the split is inside the
@@ -25,24 +29,24 @@ round trip and the atomic counter: 4096 x 4096 at M = 1 in 7.1 against 8.0 us (s
 `gemv-slices`). K that is not whole four-chunk groups per split (Llama-2's 11008) splits
 unevenly, the chunks past a split's end loaded as zeros (RAGGED).
 
-Measured on an H200 (docs/notes/nvfp4-triton.md, session `gluon-gemv`): 8192 x 28672 at
-M = 1 in ~45-48 us against ~60 us for the Triton kernel and ~111-116 us for torch's bf16
-GEMV (2.3-2.5x). ncu: 46 us, DRAM 61% busy, issue slots 50% busy, 15 warps per SM (100
-registers), the top stall waiting on global loads. Loads alone (no decode) measured ~45 us
-and the decode alone (weights re-read from L1) ~36 us; TMA-fed variants streamed at
-~36 us alone but 47-53 us with the decode; none of those structures is kept.
+Measured on an H200 (docs/notes/nvfp4-triton.md, sessions `gluon-gemv` and `two-gpus`):
+8192 x 28672 at M = 1 in ~45-48 us before X_SMEM, ~41 us with it, against ~60 us for the
+Triton kernel and ~110-131 us for torch's bf16 GEMV. Probes of the loop with parts of its
+loads left out (session `two-gpus`): the decode and MMAs alone 22 us, without x's loads
+39-41, without the scales' 42-43, all 46; a bare read of the words in this kernel's
+access pattern and grid 30 us.
 
 Register layouts (the crux). A thread (lane = 4g + t) of mma.m16n8k16 holds A's rows g and
 g + 8 at MMA K indices {2t, 2t+1, 2t+8, 2t+9}, and B's column g at the same K indices. Thread
 (g, t) loads BYTES contiguous bytes of each of its rows at byte offset BYTES * t of the
-chunk. The decode turns 4 bytes b0..b3 into the pairs (lo b0, lo b1), (lo b2, lo b3),
-(hi b0, hi b1), (hi b2, hi b3). Write a byte's offset in the chunk as c = BYTES*t + 4q + 2p +
-e and its nibble as n (real K = 2c + n); the MMA K index is then
-    k = 32q + 16n + 8p + 2t + e    (q: word, n: nibble, p: pair of the word, e: byte of pair)
+chunk. The decode turns 4 bytes b0..b3 into the pairs (lo b0, hi b0), (lo b1, hi b1), ..
+(NATURAL_PRMTS): register j = i1 + 2 i2 holds byte j's two nibbles e, so with the byte's
+offset in the chunk c = BYTES*t + 4q + j the real K is 2c + e, and the MMA K index is
+    k = 32q + 16 i2 + 8 i1 + 2t + e    (q: word of the thread)
 so every decoded pair register IS an A fragment register (k, k+1 differ in e) and nothing
 moves between threads: the Gluon reshape/permute below only renames registers, checked at
-compile time by `convert_layout(..., assert_trivial=True)`. x is reordered the same way
-(it is the only operand whose pairs are re-paired: 1 prmt per B register).
+compile time by `convert_layout(..., assert_trivial=True)`. x is reordered the same way,
+and since each of its pairs is two neighbours in memory, that too only renames registers.
 
 Numerics are those of linear_kernels (same decode, fp32 accumulation, s2 in the epilogue).
 """
@@ -135,12 +139,16 @@ def word_asm(prmts: tuple[tuple[str, str, str], ...], bits: dict) -> str:
     return "\n{\n" + "\n".join(lines) + "\n}\n"
 
 
-# The pairs (lo b0, lo b1), (lo b2, lo b3), (hi b0, hi b1), (hi b2, hi b3): x is permuted
-# to match (see the module docstring).
-_WORD_PRMTS = (("w4", "z", "0x9180"), ("w4", "z", "0xB3A2"), ("$4", "z", "0x9180"),
-               ("$4", "z", "0xB3A2"))
-_WORD_ASM_BF16 = gl.constexpr(word_asm(_WORD_PRMTS, DECODE_BITS_BF16))
-_WORD_ASM_F16 = gl.constexpr(word_asm(_WORD_PRMTS, DECODE_BITS_F16))
+# The word decode with the word shifted left by 4 (w4) and the word itself as prmt's two
+# sources, so each output register pairs byte j's low nibble (from w4) with its high nibble
+# (from the word): (lo b0, hi b0), (lo b1, hi b1), .. are consecutive K, so x's pairs are
+# its memory pairs and need no re-pairing (small_kernel decodes the same way). The same
+# bits per nibble, so the same values as the (lo b0, lo b1) pairing this kernel had first
+# (which cost one prmt per x register: 8192 x 28672 at M = 1 in 45.9 against 46.4 us).
+NATURAL_PRMTS = (("w4", "$4", "0xC480"), ("w4", "$4", "0xD591"), ("w4", "$4", "0xE6A2"),
+                 ("w4", "$4", "0xF7B3"))
+NATURAL_ASM_BF16 = gl.constexpr(word_asm(NATURAL_PRMTS, DECODE_BITS_BF16))
+NATURAL_ASM_F16 = gl.constexpr(word_asm(NATURAL_PRMTS, DECODE_BITS_F16))
 
 
 @gluon.jit
@@ -176,22 +184,23 @@ def _mma_step(wd, sp, xt, acc, WL: gl.constexpr, MMA: gl.constexpr):
     Q: gl.constexpr = NW // 4
     dtype: gl.constexpr = xt.dtype
     if dtype == gl.bfloat16:
-        word_asm: gl.constexpr = _WORD_ASM_BF16
+        word_asm: gl.constexpr = NATURAL_ASM_BF16
     else:
-        word_asm: gl.constexpr = _WORD_ASM_F16
+        word_asm: gl.constexpr = NATURAL_ASM_F16
     scale = _word_scales(sp, NW, dtype, WL)
     p0, p1, p2, p3 = gl.inline_asm_elementwise(
         word_asm, "=r,=r,=r,=r,r,h", [wd, scale],
         dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
-    # [row, word (t, q), n, p, e] -> MMA K index (q, n, p, t, e)
+    # register j = i1 + 2 i2 of word (t, q) holds byte j's nibbles e: [row, t, q, e, i1, i2]
+    # -> MMA K index (q, i2, i1, t, e)
     w = gl.join(gl.join(_halves(p0, dtype), _halves(p1, dtype)),
-                gl.join(_halves(p2, dtype), _halves(p3, dtype)))  # [BN, NW, e, p, n]
+                gl.join(_halves(p2, dtype), _halves(p3, dtype)))  # [BN, NW, e, i1, i2]
     w = gl.reshape(w, [BN, 4, Q, 2, 2, 2])
     w = gl.reshape(gl.permute(w, (0, 2, 5, 4, 1, 3)), [BN, 8 * NW])
     w = gl.convert_layout(w, gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2),
                           assert_trivial=True)
-    x = gl.reshape(xt, [BM, 4, Q, 2, 2, 2])  # real K within the chunk: 2c + n
-    x = gl.reshape(gl.permute(x, (0, 2, 5, 3, 1, 4)), [BM, 8 * NW])
+    x = gl.reshape(xt, [BM, 4, Q, 2, 2, 2])  # real K in the chunk: 32t + 8q + 4 i2 + 2 i1 + e
+    x = gl.reshape(gl.permute(x, (0, 2, 3, 4, 1, 5)), [BM, 8 * NW])
     x = gl.convert_layout(gl.permute(x, (1, 0)),
                           gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2),
                           assert_trivial=True)
@@ -238,6 +247,8 @@ def _gemv_kernel(
     SPLIT_K: gl.constexpr, SLICES: gl.constexpr, RAGGED: gl.constexpr,
     OUT_LOG2: gl.constexpr,
     WL: gl.constexpr, SL: gl.constexpr, XL: gl.constexpr, MMA: gl.constexpr,
+    X_SMEM: gl.constexpr = False, KCS: gl.constexpr = 4,  # one token: x in shared memory,
+    # KCS chunks of it allocated (k_iters rounded up to a power of two)
 ):
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
@@ -272,9 +283,14 @@ def _gemv_kernel(
         x_ptrs = (x_ptr + gl.minimum(toks, SLICES - 1)[:, None] * k_len
                   + gl.arange(0, XS, layout=gl.SliceLayout(0, XL))[None, :])
 
-    # Four weight chunks in flight (w0..w3 with their scales), x one chunk ahead (it comes
-    # from L1: every program with this split reads the same x). c is the first chunk of
-    # the group being multiplied, n of the group being loaded.
+    if X_SMEM:
+        x_sm = _stage_x(x_ptr + k_start, k_iters, KCS, XS)
+    else:
+        x_sm = None
+    c0 = c
+    # Four weight chunks in flight (w0..w3 with their scales), x one chunk ahead (from
+    # shared memory with X_SMEM, else from L1: every program with this split reads the same
+    # x). c is the first chunk of the group being multiplied, n of the group being loaded.
     acc = gl.zeros([BN, BM], gl.float32, MMA)
     w0 = _load(w_ptrs, c, end, RAGGED)
     sc0 = _load(s_ptrs, c, end, RAGGED)
@@ -284,34 +300,34 @@ def _gemv_kernel(
     sc2 = _load(s_ptrs + 2 * SS, c + 2, end, RAGGED)
     w3 = _load(w_ptrs + 3 * WS, c + 3, end, RAGGED)
     sc3 = _load(s_ptrs + 3 * SS, c + 3, end, RAGGED)
-    xa = _load(x_ptrs, c, end, RAGGED)
+    xa = _x_chunk(x_ptrs, x_sm, c - c0, c, end, RAGGED, XL)
     for _ in range(n_iters // 4 - 1):
         n = c + 4
         w_ptrs += 4 * WS
         s_ptrs += 4 * SS
-        xb = _load(x_ptrs + XS, c + 1, end, RAGGED)
+        xb = _x_chunk(x_ptrs + XS, x_sm, c + 1 - c0, c + 1, end, RAGGED, XL)
         acc = _mma_step(w0, sc0, xa, acc, WL, MMA)
         w0 = _load(w_ptrs, n, end, RAGGED)
         sc0 = _load(s_ptrs, n, end, RAGGED)
-        xa = _load(x_ptrs + 2 * XS, c + 2, end, RAGGED)
+        xa = _x_chunk(x_ptrs + 2 * XS, x_sm, c + 2 - c0, c + 2, end, RAGGED, XL)
         acc = _mma_step(w1, sc1, xb, acc, WL, MMA)
         w1 = _load(w_ptrs + WS, n + 1, end, RAGGED)
         sc1 = _load(s_ptrs + SS, n + 1, end, RAGGED)
-        xb = _load(x_ptrs + 3 * XS, c + 3, end, RAGGED)
+        xb = _x_chunk(x_ptrs + 3 * XS, x_sm, c + 3 - c0, c + 3, end, RAGGED, XL)
         acc = _mma_step(w2, sc2, xa, acc, WL, MMA)
         w2 = _load(w_ptrs + 2 * WS, n + 2, end, RAGGED)
         sc2 = _load(s_ptrs + 2 * SS, n + 2, end, RAGGED)
         x_ptrs += 4 * XS
-        xa = _load(x_ptrs, n, end, RAGGED)
+        xa = _x_chunk(x_ptrs, x_sm, n - c0, n, end, RAGGED, XL)
         acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
         w3 = _load(w_ptrs + 3 * WS, n + 3, end, RAGGED)
         sc3 = _load(s_ptrs + 3 * SS, n + 3, end, RAGGED)
         c = n
-    xb = _load(x_ptrs + XS, c + 1, end, RAGGED)
+    xb = _x_chunk(x_ptrs + XS, x_sm, c + 1 - c0, c + 1, end, RAGGED, XL)
     acc = _mma_step(w0, sc0, xa, acc, WL, MMA)
-    xa = _load(x_ptrs + 2 * XS, c + 2, end, RAGGED)
+    xa = _x_chunk(x_ptrs + 2 * XS, x_sm, c + 2 - c0, c + 2, end, RAGGED, XL)
     acc = _mma_step(w1, sc1, xb, acc, WL, MMA)
-    xb = _load(x_ptrs + 3 * XS, c + 3, end, RAGGED)
+    xb = _x_chunk(x_ptrs + 3 * XS, x_sm, c + 3 - c0, c + 3, end, RAGGED, XL)
     acc = _mma_step(w2, sc2, xa, acc, WL, MMA)
     acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
 
@@ -321,6 +337,43 @@ def _gemv_kernel(
     else:
         _finish_slices(acc, pid_n, s2_ptr, bias_ptr, out_ptr, N, HAS_BIAS, BN, SLICES,
                        OUT_LOG2, MMA)
+
+
+@gluon.jit
+def _stage_x(x_ptr, k_iters, KCS: gl.constexpr, XS: gl.constexpr):
+    """One token's x over k_iters chunks of XS (a multiple of 4) from x_ptr into shared
+    memory [KCS, XS], four chunks a load; every thread's loads in flight before the first
+    store. Why: x read from global memory one chunk ahead cost the M = 1 GEMV ~4 us of
+    8192 x 28672's 46 (its loads wait behind the weight stream), where the whole of x
+    for a split is 14 KB."""
+    NW: gl.constexpr = gl.num_warps()
+    FL: gl.constexpr = gl.BlockedLayout([4 * XS // (32 * NW)], [32], [NW], [0])
+    flat = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [KCS * XS],
+                                     gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    ptrs = x_ptr + gl.arange(0, 4 * XS, layout=FL)
+    B: gl.constexpr = 8 if KCS >= 32 else KCS // 4  # groups of four chunks in flight
+    for b in gl.static_range(KCS // (4 * B)):
+        pieces = ()
+        for i in gl.static_range(B):
+            pieces = pieces + (gl.load(ptrs + 4 * (b * B + i) * XS,
+                                       mask=4 * (b * B + i) < k_iters),)
+        for i in gl.static_range(B):
+            flat.slice(4 * (b * B + i) * XS, 4 * XS).store(pieces[i])
+    gl.thread_barrier()
+    return flat._reinterpret(x_ptr.dtype.element_ty, [KCS, XS],
+                             gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+
+@gluon.jit
+def _x_chunk(ptrs, x_sm, i, chunk, end, RAGGED: gl.constexpr, XL: gl.constexpr):
+    """x [BM, XS] of one chunk: from global memory, or (x_sm given: one token) chunk i of
+    x_sm, the same row in every MMA column."""
+    if x_sm is None:
+        return _load(ptrs, chunk, end, RAGGED)
+    else:
+        x1 = x_sm.index(i).load(gl.SliceLayout(0, XL))
+        zeros = gl.zeros([ptrs.shape[0], x1.shape[0]], x1.dtype, XL)
+        return gl.broadcast(gl.expand_dims(x1, 0), zeros)[0]
 
 
 @gluon.jit
@@ -406,16 +459,20 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     kernel is used instead: more than 8 tokens, layers under 2^23 weights, K not a
     multiple of 128. From `python -m bench.nvfp4_kernels_bench --linear-only --tune
     --tune-m 1` and sweeps of the same configs on more shapes on an H200
-    (docs/notes/nvfp4-triton.md, sessions `gluon-gemv` and `gemv-slices`):
-    - one token on 2048 to 4096 rows: K split across the warps of a program (SLICES), 16
-      rows a program, 8 warps under 4096 rows, 4 at 4096 (about 8 warps per SM): 4096 x
-      4096 in 7.1 against 8.1 us for the split-K form, 2048 x 4096 5.1 against 6.3. It
-      lost on 1024 rows (64 programs) and on 8192 and more (6.9 against 6.4 us, 17.9
-      against 17.6);
-    - otherwise 128 rows on 8 warps per program and K split until there are about two
-      programs (16 warps) per SM: best or within 3% of best at M = 1 on 8192 x 28672,
-      28672 x 8192, 4096 x 4096, 2048 x 4096 and 1024 x 8192; 16 tokens (two MMA columns
-      of 8) measured slower than the Triton kernel;
+    (docs/notes/nvfp4-triton.md, sessions `gluon-gemv`, `gemv-slices` and `two-gpus`):
+    - one token on 2048 to 4096 rows with K up to 8192: K split across the warps of a
+      program (SLICES), 16 rows a program, 8 warps under 4096 rows, 4 at 4096 (about 8
+      warps per SM): 4096 x 4096 in 7.1 against 8.1 us for the split-K form, 2048 x 4096
+      5.1 against 6.3 (and 7.0 / 4.9 against 7.5 / 6.1 for the staged-x form below);
+    - other single tokens: x staged in shared memory (X_SMEM), 64 rows on 4 warps a
+      program, K split until there are about four programs per SM. Against the form
+      before it (128 rows, 8 warps, x from global memory; three interleaved rounds, us):
+      8192 x 28672 41.1 against 45.6, 28672 x 8192 43.0 against 47.1, 8192 x 8192 15.8
+      against 17.3, 14336 x 4096 14.9 against 16.4, 4096 x 14336 16.6 against 17.7
+      (slices), 1024 x 8192 6.1 against 6.5, 11008 x 4096 13.1 against 16.3;
+    - two to 8 tokens: 128 rows on 8 warps per program and K split until there are about
+      two programs (16 warps) per SM; 16 tokens (two MMA columns of 8) measured slower
+      than the Triton kernel;
     - K in whole chunks of 128 but not whole four-chunk groups per split (RAGGED, e.g.
       11008 = 86 chunks): uneven splits by the same rule, their last group partly masked.
       Against the Triton kernel in the same run: 4096 x 11008 at M = 1 14.8 against 16.0
@@ -423,19 +480,33 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
       against 9.4 (torch 28.7 / 29.0 / 46.2 / 11.2)."""
     if m > 8 or n * k < 2**23:
         return None
-    if m == 1 and 2048 <= n <= 4096:
+    if m == 1 and 2048 <= n <= 4096 and k <= 8192:
         for w in (8, 4) if n < 4096 else (4,):
             cfg = dict(BN=16 * w, BM=8, NBYTES=16, SPLIT_K=1, SLICES=w, num_warps=w)
             if fits(m, k, cfg):
                 return cfg
+    if m == 1:
+        cfg = _split(dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, num_warps=4, X_SMEM=True),
+                     m, n, k, 4 * sms)
+        if cfg is not None and fits(m, k, cfg):
+            return cfg
     cfg = dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8)
     if not fits(m, k, cfg):
         cfg["RAGGED"] = True  # e.g. K = 11008, 86 chunks: uneven splits
         if not fits(m, k, cfg):
             return None
+    return _split(cfg, m, n, k, 2 * sms)
+
+
+def _split(cfg: dict, m: int, n: int, k: int, programs: int) -> dict | None:
+    """cfg with SPLIT_K doubled while the grid stays within `programs` and the call fits
+    (None if even SPLIT_K = 1 does not fit, for configs that need it to)."""
+    split_fits = dict(cfg, X_SMEM=False)  # the K rule alone; X_SMEM's bound is checked after
+    if not fits(m, k, split_fits):
+        return None
     tiles = cdiv(n, cfg["BN"])
-    while tiles * cfg["SPLIT_K"] * 2 <= 2 * sms:
-        if not fits(m, k, dict(cfg, SPLIT_K=cfg["SPLIT_K"] * 2)):
+    while tiles * cfg["SPLIT_K"] * 2 <= programs:
+        if not fits(m, k, dict(split_fits, SPLIT_K=cfg["SPLIT_K"] * 2)):
             break
         cfg["SPLIT_K"] *= 2
     return cfg
@@ -450,9 +521,13 @@ def viewable(packed: torch.Tensor, scales: torch.Tensor) -> bool:
 def fits(m: int, k: int, cfg: dict) -> bool:
     """Whether the Gluon GEMV handles this call: few tokens (one where K is sliced across
     warps) and whole four-chunk groups per split or slice, or (RAGGED) whole chunks and at
-    least four per split."""
+    least four per split; X_SMEM: one token, neither sliced nor ragged, at most
+    X_SMEM_CHUNKS chunks per split."""
     slices = cfg.get("SLICES", 1)
     chunk = 8 * cfg["NBYTES"]
+    if cfg.get("X_SMEM") and (m != 1 or slices > 1 or cfg.get("RAGGED")
+                              or k // (chunk * cfg["SPLIT_K"]) > X_SMEM_CHUNKS):
+        return False
     if cfg.get("RAGGED"):
         return (slices == 1 and m <= cfg["BM"] and k % chunk == 0
                 and k // chunk >= 4 * cfg["SPLIT_K"])
@@ -460,9 +535,13 @@ def fits(m: int, k: int, cfg: dict) -> bool:
             and k % (4 * chunk * cfg["SPLIT_K"] * slices) == 0)
 
 
+X_SMEM_CHUNKS = 64  # x staged per program: 16 KB of bf16 at 128 elements a chunk
+
+
 def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, BM, NBYTES, SPLIT_K,
-    num_warps, optional SLICES); requires fits(M, K, cfg) and unit strides along K."""
+    num_warps, optional SLICES, RAGGED, X_SMEM); requires fits(M, K, cfg) and unit strides
+    along K."""
     m, k = x2.shape
     n = packed.shape[0]
     bn, bm, nbytes, split, w = (cfg[key] for key in ("BN", "BM", "NBYTES", "SPLIT_K",
@@ -474,6 +553,8 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     ragged = cfg.get("RAGGED", False)
     # chunks per split or slice, a multiple of 4 (fits()); RAGGED: chunks of all K
     k_iters = k // (8 * nbytes) if ragged else k // (8 * nbytes * split * slices)
+    x_smem = cfg.get("X_SMEM", False)
+    kcs = 1 << (k_iters - 1).bit_length() if x_smem else 4  # x's chunks, a power of two
     grid = (cdiv(n, bn // slices), split)
     if split > 1:
         ws = x2.new_empty(split * grid[0] * bn * bm, dtype=s2.dtype)
@@ -489,9 +570,10 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
         (x2, words, pairs, s2, bias if has_bias else out, out, ws, cnt,
          m, n, x2.stride(0), words.stride(0), pairs.stride(0), out.stride(0), k_iters),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, NBYTES=nbytes, SPLIT_K=split, SLICES=slices,
-             RAGGED=ragged, OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma),
+             RAGGED=ragged, OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma,
+             X_SMEM=x_smem, KCS=kcs),
         dict(num_warps=w), static_key=(has_bias, bn, bm, nbytes, split, slices, ragged, w,
-                                       x2.dtype))
+                                       x2.dtype, x_smem, kcs))
     return out
 
 

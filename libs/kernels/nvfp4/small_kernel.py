@@ -10,7 +10,7 @@ K:
 - every load of the program (the weight words and block scales of all K, s2 and the
   bias, and its x tile by TMA) is issued at once, so it pays one memory latency;
 - its weights are decoded once (linear_kernels' decode, 17 instructions per 8 weights,
-  the pairs in K order: _NATURAL_PRMTS) into shared memory;
+  the pairs in K order: gemv_kernel.NATURAL_PRMTS) into shared memory;
 - one barrier, then every wgmma is issued back to back, x as the A operand (the tokens
   are the MMA's M) and the decoded weights as B, and waited for once.
 
@@ -63,23 +63,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gemm_kernel import tma_ready
-from .gemv_kernel import _SCALE_ASM_BF16, _SCALE_ASM_F16, _halves, _load_s2_bias, word_asm
+from .gemv_kernel import (
+    _SCALE_ASM_BF16,
+    _SCALE_ASM_F16,
+    NATURAL_ASM_BF16,
+    NATURAL_ASM_F16,
+    _halves,
+    _load_s2_bias,
+)
 from .grid import cdiv
 from .launch_cache import LaunchCache
-from .linear_kernels import _DECODE, DECODE_BITS_BF16, DECODE_BITS_F16
-
-# gemv_kernel's word decode with other prmt sources, since x comes by TMA in K order: the
-# word shifted left by 4 (w4) and the word itself, so each output register pairs byte j's
-# low nibble (from w4) with its high nibble (from the word). The pairs come out (lo b0,
-# hi b0), (lo b1, hi b1), .. in K order at the same 17 instructions per 8 weights
-# (gemm_fragment's byte decode, on a whole word), where re-pairing the word decode's
-# (lo b0, lo b1), .. cost 4 more prmt a word (576 x 576 at M = 256: 3.98 against 4.11 us
-# in session `floors`, in the form before XA). The same bits per nibble, so the same
-# values.
-_NATURAL_PRMTS = (("w4", "$4", "0xC480"), ("w4", "$4", "0xD591"), ("w4", "$4", "0xE6A2"),
-                  ("w4", "$4", "0xF7B3"))
-_NATURAL_ASM_BF16 = gl.constexpr(word_asm(_NATURAL_PRMTS, DECODE_BITS_BF16))
-_NATURAL_ASM_F16 = gl.constexpr(word_asm(_NATURAL_PRMTS, DECODE_BITS_F16))
+from .linear_kernels import _DECODE
 
 MAX_K = 576  # SmolLM2's K (measured); x's 64 x K tile a warpgroup fills shared memory
 X_REGS_MAX_M = 32  # up to here x goes straight to registers (measured: see the module doc)
@@ -158,10 +152,10 @@ def _decode_chunk(wd, sb, dtype: gl.constexpr):
     """Words [BN, 8] (int32) and each word's e4m3 block scale byte [BN, 8] -> the [BN, 64]
     weights times their scale (pre-multiplied, as linear_kernels), in K order."""
     if dtype == gl.bfloat16:
-        word_asm: gl.constexpr = _NATURAL_ASM_BF16
+        word_asm: gl.constexpr = NATURAL_ASM_BF16
         scale_asm: gl.constexpr = _SCALE_ASM_BF16
     else:
-        word_asm: gl.constexpr = _NATURAL_ASM_F16
+        word_asm: gl.constexpr = NATURAL_ASM_F16
         scale_asm: gl.constexpr = _SCALE_ASM_F16
     # the scale byte with a zero high byte: the conversion's low half is the scale
     pairs = gl.inline_asm_elementwise(scale_asm, "=r,h", [sb.to(gl.int16)], dtype=gl.int32,
