@@ -454,6 +454,9 @@ def _finish(acc, pid_n, pid_k, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, N, M,
             gl.atomic_xchg(cnt_ptr + tile, 0)  # ready for the next launch
 
 
+X_SMEM_CHUNKS = 64  # x staged per program: at most 16 KB of bf16 at 128 elements a chunk
+
+
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
     kernel is used instead: more than 8 tokens, layers under 2^23 weights, K not a
@@ -499,8 +502,9 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
 
 
 def _split(cfg: dict, m: int, n: int, k: int, programs: int) -> dict | None:
-    """cfg with SPLIT_K doubled while the grid stays within `programs` and the call fits
-    (None if even SPLIT_K = 1 does not fit, for configs that need it to)."""
+    """cfg with SPLIT_K doubled while the grid stays within `programs` and K still splits
+    into whole four-chunk groups (or, RAGGED, four chunks a split); None where K does not
+    fit cfg at all. X_SMEM's bound on chunks per split is left to the caller's fits()."""
     split_fits = dict(cfg, X_SMEM=False)  # the K rule alone; X_SMEM's bound is checked after
     if not fits(m, k, split_fits):
         return None
@@ -533,9 +537,6 @@ def fits(m: int, k: int, cfg: dict) -> bool:
                 and k // chunk >= 4 * cfg["SPLIT_K"])
     return (m <= (1 if slices > 1 else cfg["BM"])
             and k % (4 * chunk * cfg["SPLIT_K"] * slices) == 0)
-
-
-X_SMEM_CHUNKS = 64  # x staged per program: 16 KB of bf16 at 128 elements a chunk
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
