@@ -39,18 +39,18 @@ and M = 256 ~0.55x of torch: there the decode competes with the tensor cores. Sm
 576-wide layers are launch/latency-bound (5.5 us vs 3.6 us for torch).
 
 `route` picks the kernel: at most 8 tokens on layers of at least 2^23 weights go to
-gemv_kernel.py (a Gluon `mma.sync` GEMV without that per-step chain: ~45 us on 8192 x
-28672 at M = 1), 17 tokens or more on layers of at least 2^24 weights to gemm_kernel.py (a
-warp-specialized Gluon GEMM whose MMA warpgroup decodes into wgmma's register operand while
-its previous wgmma runs: ~155 us at M = 256, torch 171-175 us; 75 us at M = 64, torch
-128-142 us), layers under 2^22 weights with K up to 576 to small_kernel.py (one decode
-per tile of 16-32 weight rows into shared memory, then wgmma with x as A, by TMA or up
-to 32 tokens straight into registers: SmolLM2's 576 x 576 at M = 256 in ~3.5 us against
-~5.6 us here, at M = 1 ~2.7 against ~4.9 us),
-17 tokens or more on small layers with longer K (SmolLM2's down projection, K = 1536) to
-small_phased_kernel.py (the same form with x streamed through a ring of shared buffers:
-~5.0 against ~6.3 us here at M = 128, ~5.8 against the GEMM's ~6.4 at M = 256), and the
-small layers both decline at 129-256 tokens to gemm_kernel.py; everything else runs here.
+gemv_kernel.py (a Gluon `mma.sync` GEMV without that per-step chain: ~41 us on 8192 x 28672
+at M = 1, x staged in shared memory), 17 tokens or more on layers of at least 2^24 weights
+to gemm_kernel.py (a warp-specialized Gluon GEMM whose MMA warpgroup decodes into wgmma's
+register operand while its previous wgmma runs: ~155 us at M = 256, torch 171-175 us; 75 us
+at M = 64, torch 128-142 us), layers under 2^22 weights with K up to 576 to small_kernel.py
+(one decode per tile of 16-32 weight rows into shared memory, then wgmma with x as A, by
+TMA or up to 32 tokens straight into registers: SmolLM2's 576 x 576 at M = 256 in ~3.5 us
+against ~5.6 us here, at M = 1 ~2.7 against ~4.9 us), 17 tokens or more on small layers
+with longer K (SmolLM2's down projection, K = 1536) to small_phased_kernel.py (the same
+form with x streamed through a ring of shared buffers: ~5.0 against ~6.3 us here at M =
+128, ~5.8 against the GEMM's ~6.4 at M = 256), and the small layers both decline at 129-256
+tokens to gemm_kernel.py; everything else runs here.
 
 Numerics versus reference.linear: the reference rounds w * s2 to x.dtype for every weight,
 then cuBLAS sums bf16 products in fp32 in its own order. Here the weights are exact, the
