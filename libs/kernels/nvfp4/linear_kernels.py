@@ -293,7 +293,6 @@ def _gluon(name: str):
         return None
 
 
-@functools.cache
 @functools.cache  # asked on every linear; a device's SM count does not change
 def _sm_count(device: torch.device) -> int:
     if device.type != "cuda":
