@@ -111,6 +111,23 @@ def test_gemv_does_not_write_past_m_or_n(cfg):
     check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
 
 
+@pytest.mark.parametrize("cfg", [CONFIGS[1], SLICED[0], X_SMEM[0], RAGGED[1]],
+                         ids=["split", "sliced", "staged-x", "ragged"])
+def test_gemv_loads_only_the_weight_words_evict_first(cfg):
+    """The words are read once and marked evict_first (_load_words); the scales, read by
+    four chunks' loads from one sector, and x are not (measured slower so)."""
+    m = 1 if cfg.get("SLICES") or cfg.get("X_SMEM") else 3
+    k = 128 * 4 * 3 if cfg.get("RAGGED") else 4096
+    count_exact_on_shapes(gk, cfg, ((256, k, m),), torch.bfloat16)
+    ptx = [compiled.asm["ptx"] for compiled, _ in gk._LAUNCHES.entries.values()]
+    assert ptx
+    for text in ptx:
+        loads = [line for line in text.splitlines() if "ld.global" in line]
+        marked = [line for line in loads if "evict_first" in line]
+        assert len(marked) >= 8 and all(".v4.b32" in line for line in marked), marked
+        assert not any(".b16" in line for line in marked)  # the scale pairs
+
+
 def test_fits_and_pick_config():
     cfg = dict(BN=64, BM=8, NBYTES=16, SPLIT_K=4, num_warps=4)
     assert gk.fits(1, 4096, cfg) and gk.fits(8, 2048, cfg)

@@ -13,7 +13,8 @@ be chosen, so here:
   warp-local instruction with no barrier, no shared memory and no wait;
 - the weights go from global memory straight into registers (int32 words, so they are
   never split into bytes) and are decoded there with linear_kernels' inline-PTX decode;
-  four K chunks of weights and scales are in flight per warp, x one chunk ahead;
+  four K chunks of weights and scales are in flight per warp, x one chunk ahead; the
+  words are loaded evict_first, as they are read once (_load_words: ~5% on 8192 x 28672);
 - the e4m3 block scales are converted two at a time (`cvt.rn.f16x2.e4m3x2`);
 - for one token (X_SMEM) a program first copies its split's x (at most 16 KB) into shared
   memory and reads each chunk from there: x loaded from global memory one chunk ahead
@@ -29,12 +30,13 @@ round trip and the atomic counter: 4096 x 4096 at M = 1 in 7.1 against 8.0 us (s
 `gemv-slices`). K that is not whole four-chunk groups per split (Llama-2's 11008) splits
 unevenly, the chunks past a split's end loaded as zeros (RAGGED).
 
-Measured on an H200 (docs/notes/nvfp4-triton.md, sessions `gluon-gemv` and `two-gpus`):
-8192 x 28672 at M = 1 in ~45-48 us before X_SMEM, ~41 us with it, against ~60 us for the
-Triton kernel and ~110-131 us for torch's bf16 GEMV. Probes of the loop with parts of its
-loads left out (session `two-gpus`): the decode and MMAs alone 22 us, without x's loads
-39-41, without the scales' 42-43, all 46; a bare read of the words in this kernel's
-access pattern and grid 30 us.
+Measured on an H200 (docs/notes/nvfp4-triton.md, sessions `gluon-gemv`, `two-gpus` and
+`evict-first`): 8192 x 28672 at M = 1 in ~45-48 us before X_SMEM, ~41 us with it, ~39
+with the words evict_first, against ~60 us for the Triton kernel and ~110-131 us for
+torch's bf16 GEMV. Probes of the loop with parts of its loads left out (session
+`two-gpus`): the decode and MMAs alone 22 us, without x's loads 39-41, without the
+scales' 42-43, all 46; a bare read of the words in this kernel's access pattern and grid
+30 us.
 
 Register layouts (the crux). A thread (lane = 4g + t) of mma.m16n8k16 holds A's rows g and
 g + 8 at MMA K indices {2t, 2t+1, 2t+8, 2t+9}, and B's column g at the same K indices. Thread
@@ -292,13 +294,13 @@ def _gemv_kernel(
     # shared memory with X_SMEM, else from L1: every program with this split reads the same
     # x). c is the first chunk of the group being multiplied, n of the group being loaded.
     acc = gl.zeros([BN, BM], gl.float32, MMA)
-    w0 = _load(w_ptrs, c, end, RAGGED)
+    w0 = _load_words(w_ptrs, c, end, RAGGED)
     sc0 = _load(s_ptrs, c, end, RAGGED)
-    w1 = _load(w_ptrs + WS, c + 1, end, RAGGED)
+    w1 = _load_words(w_ptrs + WS, c + 1, end, RAGGED)
     sc1 = _load(s_ptrs + SS, c + 1, end, RAGGED)
-    w2 = _load(w_ptrs + 2 * WS, c + 2, end, RAGGED)
+    w2 = _load_words(w_ptrs + 2 * WS, c + 2, end, RAGGED)
     sc2 = _load(s_ptrs + 2 * SS, c + 2, end, RAGGED)
-    w3 = _load(w_ptrs + 3 * WS, c + 3, end, RAGGED)
+    w3 = _load_words(w_ptrs + 3 * WS, c + 3, end, RAGGED)
     sc3 = _load(s_ptrs + 3 * SS, c + 3, end, RAGGED)
     xa = _x_chunk(x_ptrs, x_sm, c - c0, c, end, RAGGED, XL)
     for _ in range(n_iters // 4 - 1):
@@ -307,20 +309,20 @@ def _gemv_kernel(
         s_ptrs += 4 * SS
         xb = _x_chunk(x_ptrs + XS, x_sm, c + 1 - c0, c + 1, end, RAGGED, XL)
         acc = _mma_step(w0, sc0, xa, acc, WL, MMA)
-        w0 = _load(w_ptrs, n, end, RAGGED)
+        w0 = _load_words(w_ptrs, n, end, RAGGED)
         sc0 = _load(s_ptrs, n, end, RAGGED)
         xa = _x_chunk(x_ptrs + 2 * XS, x_sm, c + 2 - c0, c + 2, end, RAGGED, XL)
         acc = _mma_step(w1, sc1, xb, acc, WL, MMA)
-        w1 = _load(w_ptrs + WS, n + 1, end, RAGGED)
+        w1 = _load_words(w_ptrs + WS, n + 1, end, RAGGED)
         sc1 = _load(s_ptrs + SS, n + 1, end, RAGGED)
         xb = _x_chunk(x_ptrs + 3 * XS, x_sm, c + 3 - c0, c + 3, end, RAGGED, XL)
         acc = _mma_step(w2, sc2, xa, acc, WL, MMA)
-        w2 = _load(w_ptrs + 2 * WS, n + 2, end, RAGGED)
+        w2 = _load_words(w_ptrs + 2 * WS, n + 2, end, RAGGED)
         sc2 = _load(s_ptrs + 2 * SS, n + 2, end, RAGGED)
         x_ptrs += 4 * XS
         xa = _x_chunk(x_ptrs, x_sm, n - c0, n, end, RAGGED, XL)
         acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
-        w3 = _load(w_ptrs + 3 * WS, n + 3, end, RAGGED)
+        w3 = _load_words(w_ptrs + 3 * WS, n + 3, end, RAGGED)
         sc3 = _load(s_ptrs + 3 * SS, n + 3, end, RAGGED)
         c = n
     xb = _x_chunk(x_ptrs + XS, x_sm, c + 1 - c0, c + 1, end, RAGGED, XL)
@@ -374,6 +376,20 @@ def _x_chunk(ptrs, x_sm, i, chunk, end, RAGGED: gl.constexpr, XL: gl.constexpr):
         x1 = x_sm.index(i).load(gl.SliceLayout(0, XL))
         zeros = gl.zeros([ptrs.shape[0], x1.shape[0]], x1.dtype, XL)
         return gl.broadcast(gl.expand_dims(x1, 0), zeros)[0]
+
+
+@gluon.jit
+def _load_words(ptrs, chunk, end, RAGGED: gl.constexpr):
+    """_load for the weight words, marked evict_first: each word is read once, so it should
+    not push out of the caches what is read again (the scale sectors, four chunks' loads
+    each; x; the split-K partials). Session `evict-first` (H200, same runs): 8192 x 28672
+    at M = 1 in 39.0-39.6 against 41.6 us, 28672 x 8192 42.0-43.2 against 43.3-44.6,
+    4096 x 4096 (slices) 6.7-6.9 against 7.2-7.3, 8192 x 28672 at M = 8 54.7 against 56.9.
+    The L1 or the L2 hint alone gave the same; the scales marked so too were slower."""
+    if RAGGED:
+        return gl.load(ptrs, mask=chunk < end, other=0, eviction_policy="evict_first")
+    else:
+        return gl.load(ptrs, eviction_policy="evict_first")
 
 
 @gluon.jit
