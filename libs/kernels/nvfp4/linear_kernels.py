@@ -39,7 +39,7 @@ and M = 256 ~0.55x of torch: there the decode competes with the tensor cores. Sm
 576-wide layers are launch/latency-bound (5.5 us vs 3.6 us for torch).
 
 `route` picks the kernel: at most 8 tokens on layers of at least 2^23 weights go to
-gemv_kernel.py (a Gluon `mma.sync` GEMV without that per-step chain: ~41 us on 8192 x 28672
+gemv_kernel.py (a Gluon `mma.sync` GEMV without that per-step chain: ~39 us on 8192 x 28672
 at M = 1, x staged in shared memory), 17 tokens or more on layers of at least 2^24 weights
 to gemm_kernel.py (a warp-specialized Gluon GEMM whose MMA warpgroup decodes into wgmma's
 register operand while its previous wgmma runs: ~155 us at M = 256, torch 171-175 us; 75 us
