@@ -114,8 +114,8 @@ def test_gemv_does_not_write_past_m_or_n(cfg):
 @pytest.mark.parametrize("cfg", [CONFIGS[1], SLICED[0], X_SMEM[0], RAGGED[1]],
                          ids=["split", "sliced", "staged-x", "ragged"])
 def test_gemv_loads_only_the_weight_words_evict_first(cfg):
-    """The words are read once and marked evict_first (_load_words); the scales, read by
-    four chunks' loads from one sector, and x are not (measured slower so)."""
+    """The words are read once and marked evict_first (_load_words); the scale pairs, each
+    sector read by four chunks' loads, are not (marked too, they measured slower)."""
     m = 1 if cfg.get("SLICES") or cfg.get("X_SMEM") else 3
     k = 128 * 4 * 3 if cfg.get("RAGGED") else 4096
     count_exact_on_shapes(gk, cfg, ((256, k, m),), torch.bfloat16)
