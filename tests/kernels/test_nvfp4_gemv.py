@@ -2,6 +2,8 @@
 against the exact product, including ragged N, clamped tokens, bias, fp16, split-K and
 every e4m3 scale code. GPU only (marked `gpu`)."""
 
+import re
+
 import pytest
 import torch
 
@@ -62,9 +64,11 @@ def test_gemv_configs_match_exact(cfg, dtype):
 @pytest.mark.parametrize("cfg", X_SMEM, ids=["split4", "split1"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemv_staged_x_of_any_chunk_count_matches_exact(cfg, dtype):
-    # chunks per split that are not a power of two (56, 12, 28: the staging's last loads
-    # are masked) and the most it stages (64); ragged N, a bias (one token)
-    shapes = ((100, 7168, 1), (300, 1536, 1), (200, 14336, 1), (64, 8192, 1), (72, 28672, 1))
+    # chunks per split that are not a power of two (56, 12, 28: the staging's last copies
+    # are masked), the most it stages (64) and the fewest (4: 8 warps copy 4 bytes a
+    # thread); ragged N, a bias (one token)
+    shapes = ((100, 7168, 1), (300, 1536, 1), (200, 14336, 1), (64, 8192, 1), (72, 28672, 1),
+              (96, 512, 1))
     ran = count_exact_on_shapes(gk, cfg, shapes, dtype)
     assert ran >= 3, cfg
 
@@ -126,6 +130,27 @@ def test_gemv_loads_only_the_weight_words_evict_first(cfg):
         marked = [line for line in loads if "evict_first" in line]
         assert len(marked) >= 8 and all(".v4.b32" in line for line in marked), marked
         assert not any(".b16" in line for line in marked)  # the scale pairs
+
+
+@pytest.mark.parametrize("cfg", X_SMEM, ids=["split4", "split1"])
+def test_gemv_stages_x_by_cp_async_behind_the_first_weight_loads(cfg):
+    """x comes into shared memory by cp.async (_stage_x), and a program waits for it
+    (_wait_x) only after issuing its first weight loads: x staged through registers first
+    made the start one or two latencies longer (session `timelines`)."""
+    count_exact_on_shapes(gk, cfg, ((256, 4096, 1),), torch.bfloat16)
+    entries = gk._LAUNCHES.entries.items()
+    # launch()'s static key ends with (.., x_smem, kcs)
+    staged = [compiled.asm["ptx"] for (_, key, _), (compiled, _) in entries if key[9]]
+    assert staged
+    for text in staged:
+        lines = text.splitlines()
+        copies = [i for i, line in enumerate(lines) if re.search(r"cp\.async\.c[ag]\.", line)]
+        wait = [i for i, line in enumerate(lines) if "cp.async.wait_group" in line]
+        words = [i for i, line in enumerate(lines)
+                 if "ld.global" in line and "evict_first" in line]
+        assert copies and len(wait) == 1 and len(words) >= 8
+        # every copy, then the first group's word loads (w0..w3), then the wait
+        assert max(copies) < min(words) and sum(i < wait[0] for i in words) >= 8
 
 
 def test_fits_and_pick_config():

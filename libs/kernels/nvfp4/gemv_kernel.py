@@ -17,9 +17,10 @@ be chosen, so here:
   words are loaded evict_first, as they are read once (_load_words: ~5% on 8192 x 28672);
 - the e4m3 block scales are converted two at a time (`cvt.rn.f16x2.e4m3x2`);
 - for one token (X_SMEM) a program first copies its split's x (at most 16 KB) into shared
-  memory and reads each chunk from there: x loaded from global memory one chunk ahead
-  waited behind the weight stream (session `two-gpus`: 8192 x 28672 at M = 1 in 41.1
-  against 45.6 us, with 64-row programs on 4 warps).
+  memory by cp.async, issues its first weight loads, waits for x and reads each chunk
+  from there: x loaded from global memory one chunk ahead waited behind the weight
+  stream (session `two-gpus`: 8192 x 28672 at M = 1 in 41.1 against 45.6 us, with 64-row
+  programs on 4 warps).
 
 Long rows are split in K across programs (SPLIT_K), the last program of a tile summing the
 partials from a workspace. For one token on mid-sized layers the split is inside the
@@ -58,7 +59,7 @@ import functools
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .grid import cdiv
 from .launch_cache import LaunchCache
@@ -302,6 +303,8 @@ def _gemv_kernel(
     sc2 = _load(s_ptrs + 2 * SS, c + 2, end, RAGGED)
     w3 = _load_words(w_ptrs + 3 * WS, c + 3, end, RAGGED)
     sc3 = _load(s_ptrs + 3 * SS, c + 3, end, RAGGED)
+    if X_SMEM:
+        _wait_x()
     xa = _x_chunk(x_ptrs, x_sm, c - c0, c, end, RAGGED, XL)
     for _ in range(n_iters // 4 - 1):
         n = c + 4
@@ -344,26 +347,37 @@ def _gemv_kernel(
 @gluon.jit
 def _stage_x(x_ptr, k_iters, KCS: gl.constexpr, XS: gl.constexpr):
     """One token's x over k_iters chunks of XS (a multiple of 4) from x_ptr into shared
-    memory [KCS, XS], four chunks a load; every thread's loads in flight before the first
-    store. Why: x read from global memory one chunk ahead cost the M = 1 GEMV ~4 us of
-    8192 x 28672's 46 (its loads wait behind the weight stream), where the whole of x
-    for a split is 14 KB."""
+    memory [KCS, XS] by cp.async: every copy in flight at once, no registers held. The
+    caller issues the weights' first loads next and waits (_wait_x) only before x's first
+    use. Why shared memory: x read from global memory one chunk ahead cost the M = 1 GEMV
+    ~4 us of 8192 x 28672's 46 (its loads wait behind the weight stream), where the whole
+    of x for a split is 14 KB. Why cp.async: x staged through registers in batches, each
+    stored before the weights' first loads were issued, made the start a latency or two
+    longer (session `timelines`, same run, us: 4096 x 14336 16.1 against 17.0, 1024 x 8192
+    5.7 against 6.0, 11008 x 4096 13.0 against 13.5, 8192 x 28672 39.0 against 39.2)."""
     NW: gl.constexpr = gl.num_warps()
-    FL: gl.constexpr = gl.BlockedLayout([4 * XS // (32 * NW)], [32], [NW], [0])
+    # 16-byte copies where x fills them (KCS * XS is at least 512 elements)
+    VEC: gl.constexpr = 8 if KCS * XS >= 8 * 32 * NW else KCS * XS // (32 * NW)
+    BLK: gl.constexpr = VEC * 32 * NW
     flat = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [KCS * XS],
                                      gl.SwizzledSharedLayout(1, 1, 1, [0]))
-    ptrs = x_ptr + gl.arange(0, 4 * XS, layout=FL)
-    B: gl.constexpr = 8 if KCS >= 32 else KCS // 4  # groups of four chunks in flight
-    for b in gl.static_range(KCS // (4 * B)):
-        pieces = ()
-        for i in gl.static_range(B):
-            pieces = pieces + (gl.load(ptrs + 4 * (b * B + i) * XS,
-                                       mask=4 * (b * B + i) < k_iters),)
-        for i in gl.static_range(B):
-            flat.slice(4 * (b * B + i) * XS, 4 * XS).store(pieces[i])
-    gl.thread_barrier()
+    offs = gl.arange(0, BLK, layout=gl.BlockedLayout([VEC], [32], [NW], [0]))
+    for b in gl.static_range(KCS * XS // BLK):
+        async_copy.async_copy_global_to_shared(flat.slice(b * BLK, BLK), x_ptr + b * BLK + offs,
+                                               mask=b * BLK + offs < k_iters * XS)
+    async_copy.commit_group()
     return flat._reinterpret(x_ptr.dtype.element_ty, [KCS, XS],
                              gl.SwizzledSharedLayout(1, 1, 1, [0]))
+
+
+@gluon.jit
+def _wait_x():
+    """Wait for _stage_x's copies. The first barrier keeps the weights' loads issued before
+    it ahead of the wait (without it they were compiled after the wait); the second makes
+    every thread's copies visible to all."""
+    gl.thread_barrier()
+    async_copy.wait_group(0)
+    gl.thread_barrier()
 
 
 @gluon.jit
