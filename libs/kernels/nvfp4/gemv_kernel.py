@@ -356,8 +356,10 @@ def _stage_x(x_ptr, k_iters, KCS: gl.constexpr, XS: gl.constexpr):
     longer (session `timelines`, same run, us: 4096 x 14336 16.1 against 17.0, 1024 x 8192
     5.7 against 6.0, 11008 x 4096 13.0 against 13.5, 8192 x 28672 39.0 against 39.2)."""
     NW: gl.constexpr = gl.num_warps()
-    # 16-byte copies where x fills them (KCS * XS is at least 512 elements)
+    # 16-byte copies where x fills them (KCS * XS is at least 512 elements); cp.async
+    # copies 4 bytes at the least, two of x's 16-bit elements: 8 warps at most at KCS 4
     VEC: gl.constexpr = 8 if KCS * XS >= 8 * 32 * NW else KCS * XS // (32 * NW)
+    gl.static_assert(VEC >= 2, "too many warps to stage so few chunks of x")
     BLK: gl.constexpr = VEC * 32 * NW
     flat = gl.allocate_shared_memory(x_ptr.dtype.element_ty, [KCS * XS],
                                      gl.SwizzledSharedLayout(1, 1, 1, [0]))
