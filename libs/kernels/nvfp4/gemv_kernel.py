@@ -305,34 +305,34 @@ def _gemv_kernel(
     sc3 = _load(s_ptrs + 3 * SS, c + 3, end, RAGGED)
     if X_SMEM:
         _wait_x()
-    xa = _x_chunk(x_ptrs, x_sm, c - c0, c, end, RAGGED, XL)
+    xa = _x_chunk(x_ptrs, x_sm, c, c0, end, RAGGED, XL)
     for _ in range(n_iters // 4 - 1):
         n = c + 4
         w_ptrs += 4 * WS
         s_ptrs += 4 * SS
-        xb = _x_chunk(x_ptrs + XS, x_sm, c + 1 - c0, c + 1, end, RAGGED, XL)
+        xb = _x_chunk(x_ptrs + XS, x_sm, c + 1, c0, end, RAGGED, XL)
         acc = _mma_step(w0, sc0, xa, acc, WL, MMA)
         w0 = _load_words(w_ptrs, n, end, RAGGED)
         sc0 = _load(s_ptrs, n, end, RAGGED)
-        xa = _x_chunk(x_ptrs + 2 * XS, x_sm, c + 2 - c0, c + 2, end, RAGGED, XL)
+        xa = _x_chunk(x_ptrs + 2 * XS, x_sm, c + 2, c0, end, RAGGED, XL)
         acc = _mma_step(w1, sc1, xb, acc, WL, MMA)
         w1 = _load_words(w_ptrs + WS, n + 1, end, RAGGED)
         sc1 = _load(s_ptrs + SS, n + 1, end, RAGGED)
-        xb = _x_chunk(x_ptrs + 3 * XS, x_sm, c + 3 - c0, c + 3, end, RAGGED, XL)
+        xb = _x_chunk(x_ptrs + 3 * XS, x_sm, c + 3, c0, end, RAGGED, XL)
         acc = _mma_step(w2, sc2, xa, acc, WL, MMA)
         w2 = _load_words(w_ptrs + 2 * WS, n + 2, end, RAGGED)
         sc2 = _load(s_ptrs + 2 * SS, n + 2, end, RAGGED)
         x_ptrs += 4 * XS
-        xa = _x_chunk(x_ptrs, x_sm, n - c0, n, end, RAGGED, XL)
+        xa = _x_chunk(x_ptrs, x_sm, n, c0, end, RAGGED, XL)
         acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
         w3 = _load_words(w_ptrs + 3 * WS, n + 3, end, RAGGED)
         sc3 = _load(s_ptrs + 3 * SS, n + 3, end, RAGGED)
         c = n
-    xb = _x_chunk(x_ptrs + XS, x_sm, c + 1 - c0, c + 1, end, RAGGED, XL)
+    xb = _x_chunk(x_ptrs + XS, x_sm, c + 1, c0, end, RAGGED, XL)
     acc = _mma_step(w0, sc0, xa, acc, WL, MMA)
-    xa = _x_chunk(x_ptrs + 2 * XS, x_sm, c + 2 - c0, c + 2, end, RAGGED, XL)
+    xa = _x_chunk(x_ptrs + 2 * XS, x_sm, c + 2, c0, end, RAGGED, XL)
     acc = _mma_step(w1, sc1, xb, acc, WL, MMA)
-    xb = _x_chunk(x_ptrs + 3 * XS, x_sm, c + 3 - c0, c + 3, end, RAGGED, XL)
+    xb = _x_chunk(x_ptrs + 3 * XS, x_sm, c + 3, c0, end, RAGGED, XL)
     acc = _mma_step(w2, sc2, xa, acc, WL, MMA)
     acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
 
@@ -383,13 +383,13 @@ def _wait_x():
 
 
 @gluon.jit
-def _x_chunk(ptrs, x_sm, i, chunk, end, RAGGED: gl.constexpr, XL: gl.constexpr):
-    """x [BM, XS] of one chunk: from global memory, or (x_sm given: one token) chunk i of
-    x_sm, the same row in every MMA column."""
+def _x_chunk(ptrs, x_sm, chunk, c0, end, RAGGED: gl.constexpr, XL: gl.constexpr):
+    """x [BM, XS] of one chunk: from global memory, or (x_sm given: one token) row
+    chunk - c0 of x_sm (c0: the split's first chunk), the same row in every MMA column."""
     if x_sm is None:
         return _load(ptrs, chunk, end, RAGGED)
     else:
-        x1 = x_sm.index(i).load(gl.SliceLayout(0, XL))
+        x1 = x_sm.index(chunk - c0).load(gl.SliceLayout(0, XL))
         zeros = gl.zeros([ptrs.shape[0], x1.shape[0]], x1.dtype, XL)
         return gl.broadcast(gl.expand_dims(x1, 0), zeros)[0]
 
