@@ -30,9 +30,15 @@ pdmesh: a prefill/decode-disaggregated LLM serving mesh.
 """
 
 
-def _die_with_supervisor() -> None:
-    """A service started by `pdmesh up` gets SIGTERM if the supervisor dies (Linux)."""
-    parent = os.environ.get("PDMESH_SUPERVISOR_PID")
+def _die_with_parent() -> None:
+    """Get SIGTERM when the process named by PDMESH_PARENT_PID dies (Linux).
+
+    `pdmesh up` names itself for its services, and the test harness names itself for
+    `pdmesh up`, so no process outlives whoever started it. The child arms this itself
+    after exec: a `preexec_fn` would force a plain fork() of a parent whose gRPC threads
+    are live, and gRPC's fork handlers then crashed the forked child (seen in CI).
+    """
+    parent = os.environ.get("PDMESH_PARENT_PID")
     if not parent or not sys.platform.startswith("linux"):
         return
     try:
@@ -41,7 +47,7 @@ def _die_with_supervisor() -> None:
     except OSError:
         return
     if os.getppid() != int(parent):
-        sys.exit(0)  # the supervisor is already gone
+        sys.exit(0)  # the parent is already gone
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,8 +188,8 @@ def _check_model(spec: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _die_with_parent()
     if getattr(args, "service", None) is not None:
-        _die_with_supervisor()
         from libs.rpc.runtime import run_service
 
         _exit_without_teardown(run_service(args.command, lambda: args.service.serve(args)))

@@ -135,7 +135,10 @@ def start_mesh(
     """
     http_port, grpc_port, boot = free_ports(3)
     log_path = tmp / f"mesh-{Path(model).name}-{prefill}x{decode}.log"  # model may be a path
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(extra_env or {})}
+    # The mesh gets SIGTERM if this process dies (a crashed test run must not leave a mesh
+    # behind); `pdmesh up` arms that itself, see pdmesh.cli._die_with_parent.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PDMESH_PARENT_PID": str(os.getpid()),
+           **(extra_env or {})}
     process = subprocess.Popen(
         [
             sys.executable, "-m", "pdmesh.cli", "up", "--model", model, "--device", device,
@@ -145,7 +148,6 @@ def start_mesh(
             "--bootstrap-port", str(boot), *(up_args or []),
         ],
         stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env,
-        preexec_fn=_die_with_parent,
     )
     mesh = Mesh(process, log_path, http_port, grpc_port, boot, model)
     deadline = time.monotonic() + timeout
@@ -157,15 +159,6 @@ def start_mesh(
         time.sleep(0.5)
     mesh.stop()
     raise TimeoutError(f"mesh not healthy in {timeout}s:\n{mesh.log()[-4000:]}")
-
-
-def _die_with_parent() -> None:
-    """The mesh gets SIGTERM if the process that started it dies (a crashed test run
-    must not leave a mesh behind); the supervisor then stops its own children."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _health(port: int) -> bool:

@@ -75,7 +75,7 @@ class Plan:
 
 
 async def supervise(plan: Plan) -> None:
-    env = {**os.environ, "PDMESH_SUPERVISOR_PID": str(os.getpid())}
+    env = {**os.environ, "PDMESH_PARENT_PID": str(os.getpid())}
     children = plan.children()
     log.info(
         "starting %d prefill, %d decode, model %s on %s", plan.prefill, plan.decode,

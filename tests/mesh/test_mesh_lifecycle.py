@@ -40,15 +40,22 @@ def test_sigterm_stops_every_service(tmp_path):
 
 
 def test_a_dead_parent_takes_the_mesh_with_it(tmp_path):
+    """Also: starting the mesh never runs Python's fork hooks, i.e. never takes the plain
+    fork() path (a `preexec_fn`). A plain fork of a process whose gRPC threads are live
+    aborted the child in gRPC's fork handlers (CI: 'epoll_wait error: Bad file
+    descriptor', `pdmesh up` dead before exec); the child now arms its own death signal."""
     code = (
-        "import pathlib, sys, time\n"
+        "import os, pathlib, sys, time\n"
         "from pdmesh.localmesh import start_mesh\n"
+        "forks = []\n"
+        "os.register_at_fork(before=lambda: forks.append(1))\n"
         f"m = start_mesh(pathlib.Path({str(tmp_path)!r}), model='tiny')\n"
-        "print(m.process.pid, *m.children(), flush=True)\n"
+        "print(len(forks), m.process.pid, *m.children(), flush=True)\n"
         "time.sleep(120)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    pids = [int(p) for p in parent.stdout.readline().split()]
+    forks, *pids = [int(p) for p in parent.stdout.readline().split()]
+    assert forks == 0
     assert len(pids) == 5
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
