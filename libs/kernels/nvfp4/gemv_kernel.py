@@ -402,20 +402,20 @@ def _load_words(ptrs, chunk, end, RAGGED: gl.constexpr):
     at M = 1 in 39.0-39.6 against 41.6 us, 28672 x 8192 42.0-43.2 against 43.3-44.6,
     4096 x 4096 (slices) 6.7-6.9 against 7.2-7.3, 8192 x 28672 at M = 8 54.7 against 56.9.
     The L1 or the L2 hint alone gave the same; the scales marked so too were slower."""
-    if RAGGED:
-        return gl.load(ptrs, mask=chunk < end, other=0, eviction_policy="evict_first")
-    else:
-        return gl.load(ptrs, eviction_policy="evict_first")
+    return _load(ptrs, chunk, end, RAGGED, "evict_first")
+
+
+_NO_HINT = gl.constexpr("")  # gl.load's default eviction policy
 
 
 @gluon.jit
-def _load(ptrs, chunk, end, RAGGED: gl.constexpr):
+def _load(ptrs, chunk, end, RAGGED: gl.constexpr, EVICT: gl.constexpr = _NO_HINT):
     """One chunk's loads; with RAGGED, zeros for a chunk past the split's end (zero words,
-    scales and x: it adds nothing)."""
+    scales and x: it adds nothing). EVICT: the loads' eviction policy ("": the default)."""
     if RAGGED:
-        return gl.load(ptrs, mask=chunk < end, other=0)
+        return gl.load(ptrs, mask=chunk < end, other=0, eviction_policy=EVICT)
     else:
-        return gl.load(ptrs)
+        return gl.load(ptrs, eviction_policy=EVICT)
 
 
 @gluon.jit
