@@ -213,8 +213,9 @@ def _split_k_finish(acc, c_smem, out_desc, s2_ptr, bias_ptr, ws_ptr, cnt_ptr, N,
                                  cache_modifier=".cg")
         _epilogue(total, c_smem, out_desc, s2_ptr, bias_ptr, N, off_n, off_m,
                   HAS_BIAS, OUT_LOG2, ACC)
-        gl.atomic_xchg(cnt_ptr + tile, 0)  # ready for the next launch
-        gl.atomic_xchg(cnt_ptr + n_tiles + tile, 0)
+        # ready for the next launch (kernel order sequences it): relaxed, no fence
+        gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
+        gl.atomic_xchg(cnt_ptr + n_tiles + tile, 0, sem="relaxed", scope="gpu")
 
 
 @gluon.jit

@@ -258,7 +258,8 @@ def _linear_kernel(
                 total += tl.load(part, cache_modifier=".cg")  # L2: written by other SMs
             _store_out(total, offs_n, offs_m, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
                        HAS_BIAS, OUT_LOG2)
-            tl.atomic_xchg(cnt_ptr + tile, 0)  # ready for the next launch
+            # ready for the next launch (kernel order sequences it): relaxed, no fence
+            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 # Default decode when a config does not say: the inline-PTX packed version (same values as
