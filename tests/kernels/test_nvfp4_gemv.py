@@ -175,6 +175,10 @@ def test_fits_and_pick_config():
     assert gk.pick_config(1, 4096, 4096) == SLICED[1]
     assert gk.pick_config(1, 2048, 4096) == SLICED[0]
     assert gk.pick_config(1, 2048, 6144)["SLICES"] == 4  # 6144 is not 8 slices of 512
+    # K = 8192: staged x split 8 ways or more beats the slices
+    assert gk.pick_config(1, 4096, 8192) == dict(X_SMEM[0], SPLIT_K=8)
+    assert gk.pick_config(1, 2048, 8192) == dict(X_SMEM[0], SPLIT_K=16)
+    assert gk.pick_config(1, 4096, 6144) == SLICED[1]  # staged x would split only 4 ways
     assert "SLICES" not in gk.pick_config(1, 8192, 8192)  # 512 programs: split K
     assert "SLICES" not in gk.pick_config(2, 4096, 4096)
     sliced = dict(SLICED[0])

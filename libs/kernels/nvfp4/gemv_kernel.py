@@ -501,10 +501,15 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     multiple of 128. From `python -m bench.nvfp4_kernels_bench --linear-only --tune
     --tune-m 1` and sweeps of the same configs on more shapes on an H200
     (docs/notes/nvfp4-triton.md, sessions `gluon-gemv`, `gemv-slices` and `two-gpus`):
-    - one token on 2048 to 4096 rows with K up to 8192: K split across the warps of a
+    - one token on 2048 to 4096 rows with K up to 4096, or up to 8192 where the staged-x
+      form below would split K fewer than 8 ways: K split across the warps of a
       program (SLICES), 16 rows a program, 8 warps under 4096 rows, 4 at 4096 (about 8
       warps per SM): 4096 x 4096 in 7.1 against 8.1 us for the split-K form, 2048 x 4096
-      5.1 against 6.3 (and 7.0 / 4.9 against 7.5 / 6.1 for the staged-x form below);
+      5.1 against 6.3 (and 7.0 / 4.9 against 7.5 / 6.1 for the staged-x form below).
+      At K = 8192 the staged-x form splits 8 or 16 ways and is as fast or faster (session
+      `s2-early`, us): 4096 x 8192 9.48 against 10.72, 3072 x 8192 8.35 against 10.38,
+      2048 x 8192 7.18 against 7.19; at 6144 it splits 4 ways and is slower: 4096 x 6144
+      9.04 against 8.70, 2048 x 6144 7.31 against 6.68;
     - other single tokens: x staged in shared memory (X_SMEM), 64 rows on 4 warps a
       program, K split until there are about four programs per SM. Against the form
       before it (128 rows, 8 warps, x from global memory; three interleaved rounds, us):
@@ -521,16 +526,19 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
       against 9.4 (torch 28.7 / 29.0 / 46.2 / 11.2)."""
     if m > 8 or n * k < 2**23:
         return None
-    if m == 1 and 2048 <= n <= 4096 and k <= 8192:
-        for w in (8, 4) if n < 4096 else (4,):
-            cfg = dict(BN=16 * w, BM=8, NBYTES=16, SPLIT_K=1, SLICES=w, num_warps=w)
-            if fits(m, k, cfg):
-                return cfg
     if m == 1:
-        cfg = _split(dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, num_warps=4, X_SMEM=True),
-                     m, n, k, 4 * sms)
-        if cfg is not None and fits(m, k, cfg):
-            return cfg
+        staged = _split(dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, num_warps=4, X_SMEM=True),
+                        m, n, k, 4 * sms)
+        if staged is not None and not fits(m, k, staged):
+            staged = None
+        if 2048 <= n <= 4096 and k <= 8192 and (
+                staged is None or k <= 4096 or staged["SPLIT_K"] < 8):
+            for w in (8, 4) if n < 4096 else (4,):
+                cfg = dict(BN=16 * w, BM=8, NBYTES=16, SPLIT_K=1, SLICES=w, num_warps=w)
+                if fits(m, k, cfg):
+                    return cfg
+        if staged is not None:
+            return staged
     cfg = dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8)
     if not fits(m, k, cfg):
         cfg["RAGGED"] = True  # e.g. K = 11008, 86 chunks: uneven splits
