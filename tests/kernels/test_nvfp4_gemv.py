@@ -28,13 +28,14 @@ CONFIGS = [
     dict(BN=64, BM=8, NBYTES=16, SPLIT_K=2, num_warps=2),
     dict(BN=128, BM=16, NBYTES=16, SPLIT_K=2, num_warps=8),
 ]
-# one token, K sliced across the warps (the picks at 2048-4096 rows, and 2 and 4 slices
-# of 32 rows a program)
+# one token, K sliced across the warps (the picks at 2048-4096 rows: 8 slices of 16 or 32
+# rows a program, 4 of 32 where K is not 8 slices of four chunks; and 4 and 2 slices of 16)
 SLICED = [
     dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, SLICES=8, num_warps=8),
     dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, SLICES=4, num_warps=4),
     dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, SLICES=4, num_warps=4),
     dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, SLICES=2, num_warps=2),
+    dict(BN=256, BM=8, NBYTES=16, SPLIT_K=1, SLICES=8, num_warps=8),
 ]
 # one token with x staged in shared memory: the pick's 64 rows on 4 warps, and 128 on 8
 X_SMEM = [
@@ -172,9 +173,12 @@ def test_fits_and_pick_config():
     assert not gk.fits(1, 4096, dict(SLICED[1], X_SMEM=True))
     assert not gk.fits(1, 11008, dict(RAGGED[0], X_SMEM=True))
     # one token on 2048-4096 rows: K sliced across the warps
-    assert gk.pick_config(1, 4096, 4096) == SLICED[1]
-    assert gk.pick_config(1, 2048, 4096) == SLICED[0]
-    assert gk.pick_config(1, 2048, 6144)["SLICES"] == 4  # 6144 is not 8 slices of 512
+    assert gk.pick_config(1, 4096, 4096) == SLICED[4]  # 32 rows a program from 3072 rows
+    assert gk.pick_config(1, 3072, 4096) == SLICED[4]
+    assert gk.pick_config(1, 2048, 4096) == SLICED[0]  # 16 rows: 128 programs, not 64
+    assert gk.pick_config(1, 4096, 2048) == SLICED[2]  # 2048 is not 8 slices of 512
+    assert gk.pick_config(1, 2048, 6144) == SLICED[1]  # nor is 6144; 16 rows under 3072
+    assert gk.pick_config(1, 3072, 6144) == SLICED[1]  # 16 rows: slices of three groups
     # K = 8192: staged x split 8 ways or more beats the slices
     assert gk.pick_config(1, 4096, 8192) == dict(X_SMEM[0], SPLIT_K=8)
     assert gk.pick_config(1, 2048, 8192) == dict(X_SMEM[0], SPLIT_K=16)

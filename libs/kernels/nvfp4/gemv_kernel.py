@@ -503,9 +503,13 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     (docs/notes/nvfp4-triton.md, sessions `gluon-gemv`, `gemv-slices` and `two-gpus`):
     - one token on 2048 to 4096 rows with K up to 4096, or up to 8192 where the staged-x
       form below would split K fewer than 8 ways: K split across the warps of a
-      program (SLICES), 16 rows a program, 8 warps under 4096 rows, 4 at 4096 (about 8
-      warps per SM): 4096 x 4096 in 7.1 against 8.1 us for the split-K form, 2048 x 4096
-      5.1 against 6.3 (and 7.0 / 4.9 against 7.5 / 6.1 for the staged-x form below).
+      program (SLICES), 8 warps where K makes 8 slices of four-chunk groups, else 4; 16
+      rows a program, or 32 from 3072 rows where each slice is one group: 4096 x 4096 in
+      7.1 against 8.1 us for the split-K form, 2048 x 4096 5.1 against 6.3 (and 7.0 / 4.9
+      against 7.5 / 6.1 for the staged-x form below). Against the rule before it (16
+      rows a program, 4 warps at 4096 rows; session `wide-slices`, five rounds, us):
+      3072 x 4096 6.13 against 6.44, 4096 x 2048 4.45 against 4.51, 4096 x 4096
+      6.63-6.70 against 6.71-6.79; 32 rows on 4 warps at K = 6144 took 10.57 against 8.75.
       At K = 8192 the staged-x form splits 8 or 16 ways and is as fast or faster (session
       `s2-early`, us): 4096 x 8192 9.48 against 10.72, 3072 x 8192 8.35 against 10.38,
       2048 x 8192 7.18 against 7.19; at 6144 it splits 4 ways and is slower: 4096 x 6144
@@ -533,8 +537,11 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
             staged = None
         if 2048 <= n <= 4096 and k <= 8192 and (
                 staged is None or k <= 4096 or staged["SPLIT_K"] < 8):
-            for w in (8, 4) if n < 4096 else (4,):
-                cfg = dict(BN=16 * w, BM=8, NBYTES=16, SPLIT_K=1, SLICES=w, num_warps=w)
+            for w in (8, 4):
+                # 32 rows a program where that leaves 96 programs or more and each warp's
+                # slice is one four-chunk group (longer slices ran 20% slower at 32 rows)
+                rows = 32 if n >= 3072 and k == 4 * 128 * w else 16
+                cfg = dict(BN=rows * w, BM=8, NBYTES=16, SPLIT_K=1, SLICES=w, num_warps=w)
                 if fits(m, k, cfg):
                     return cfg
         if staged is not None:
