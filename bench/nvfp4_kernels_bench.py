@@ -367,7 +367,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tune-m", default="1,64,256", help="token counts --tune looks at")
     ap.add_argument("--stream-only", action="store_true", help="quantize/dequantize only")
     ap.add_argument("--linear-only", action="store_true", help="skip quantize/dequantize")
-    ap.add_argument("--shapes", default="", help="comma list of smollm2,square,large")
+    ap.add_argument("--shapes", default="",
+                    help="comma list of smollm2,square,large,engine (engine: the fused "
+                         "SmolLM2 layers the engine runs, wqkv 960x576 and gate_up 3072x576)")
     ap.add_argument("--baseline", default="", help="another linear_kernels.py to time too")
     ap.add_argument("--stream-baseline", default="",
                     help="another triton_impl.py whose quantize/dequantize are timed too")
@@ -401,7 +403,8 @@ def main(argv=None) -> int:
         keep = args.shapes.split(",")
         shapes = [sh for sh in [("smollm2 q/o", 576, 576), ("smollm2 k/v", 192, 576),
                                 ("smollm2 gate/up", 1536, 576), ("smollm2 down", 576, 1536),
-                                ("square 4096", 4096, 4096), ("large 8192x28672", 8192, 28672)]
+                                ("square 4096", 4096, 4096), ("large 8192x28672", 8192, 28672),
+                                ("engine wqkv", 960, 576), ("engine gate_up", 3072, 576)]
                   if sh[0].split()[0] in keep]
     if args.stream_only:
         shapes = []

@@ -105,7 +105,12 @@ def test_fits_and_pick_config():
     assert sk.pick_config(128, 1536, 576) == CONFIGS[1]
     assert sk.pick_config(256, 1536, 576) == CONFIGS[2]  # 192 programs on one warpgroup
     assert sk.pick_config(896, 576, 576) == CONFIGS[2]  # 18 x 7 programs
-    assert sk.pick_config(1024, 576, 576) is None  # past one wave: linear_kernels
+    # where 16 and 32 rows take more than a wave: 64 rows, then 64 on two warpgroups
+    assert sk.pick_config(129, 2304, 576) == CONFIGS[3]  # 36 x 3 programs
+    assert sk.pick_config(256, 3072, 576) == CONFIGS[4]  # the engine's gate_up: 48 x 2
+    assert sk.pick_config(1024, 576, 576) == CONFIGS[4]  # 9 x 8
+    assert sk.pick_config(512, 4096, 576) == CONFIGS[4]  # 64 x 4: two waves at most
+    assert sk.pick_config(1024, 3072, 576) is None  # 48 x 8, past two waves: linear_kernels
     assert sk.pick_config(256, 576, 1536) is None  # K = 1536: linear_kernels
     assert sk.pick_config(256, 4096, 4096) is None  # large layers: gemm_kernel
 
@@ -123,6 +128,10 @@ def test_linear_routes_smollm2_layers_here():
     fused, fused_scales, _ = cuda_weight(3072, 576, torch.bfloat16, seed=11)
     out_fused = torch.empty(1, 3072, device=CUDA, dtype=torch.bfloat16)
     assert lk.route(x[:1], fused, fused_scales, out_fused)[0] == "small"
+    # and at 256 tokens: 64 rows on two warpgroups (the Triton kernel's before)
+    x_wide = torch.randn(256, 576, device=CUDA, dtype=torch.bfloat16)
+    out_wide = torch.empty(256, 3072, device=CUDA, dtype=torch.bfloat16)
+    assert lk.route(x_wide, fused, fused_scales, out_wide) == ("small", CONFIGS[4])
     down, down_scales, _ = cuda_weight(576, 1536, torch.bfloat16, seed=9)
     x_down = torch.randn(256, 1536, device=CUDA, dtype=torch.bfloat16)
     out_down = torch.empty(256, 576, device=CUDA, dtype=torch.bfloat16)

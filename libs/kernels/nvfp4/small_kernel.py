@@ -290,7 +290,7 @@ def readable(x2: torch.Tensor, packed: torch.Tensor) -> bool:
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
     kernel runs instead: layers of 2^22 weights or more, K past MAX_K or not a multiple of
-    64, and token counts that would take more than one wave at 32 rows on two warpgroups.
+    64, and token counts that would take more than two waves at 64 rows on two warpgroups.
 
     Up to X_REGS_MAX_M tokens: x through registers, 16 rows a program while at most two
     programs a SM (they fit: ~200 registers a thread on 4 warps), else 32. Three interleaved
@@ -309,7 +309,17 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     - 32 rows where 16 take more than a wave: 576 x 576 at M = 256 3.48 against 3.99
       (3.77; 16 rows, 144 programs: 3.89); 1536 x 576 at M = 128 3.66 against 4.13 (3.95);
     - two warpgroups: 1536 x 576 at M = 256 4.69 against 4.79 (torch 4.20); 64 rows a
-      program lost everywhere (4.5-5.8 us)."""
+      program lost wherever 16 or 32 fit in a wave (4.5-5.8 us).
+
+    Where neither does (wide layers such as the engine's fused gate_up, 3072 x 576, from
+    129 tokens; long prompts), 64 rows a program, then 64 rows on two warpgroups up to two
+    waves: faster than the Triton kernel these calls went to before (session
+    `wide-slices`, three interleaved rounds, us, against the Triton kernel; torch):
+    3072 x 576 at M = 129 / 192 / 256 / 512 6.22 / 6.52 / 6.35 / 10.95 against 6.87 /
+    8.55 / 8.71 / 15.45 (4.44 / 4.48 / 4.45 / 5.68); 4096 x 576 at M = 256 6.94 against
+    14.10 (5.07); 2304 x 576 at M = 129 5.08 against 6.65 (4.20); 1536 x 576 at M = 512
+    6.30 against 8.67 (4.37); 576 x 576 at M = 1024 5.92 against 8.45 (4.19). Still short
+    of torch there."""
     if n * k >= 2**22 or not fits(m, k, {}):
         return None
     if m <= X_REGS_MAX_M:
@@ -317,10 +327,12 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
             if cdiv(n, bn) <= 2 * sms:
                 return dict(BN=bn, num_warps=4, X_REGS=True)
         return None
-    for bn in (16, 32):
+    for bn in (16, 32, 64):
         for w in (4, 8) if m > 64 else (4,):
             if bn * 8 >= 32 * w and cdiv(n, bn) * cdiv(m, 16 * w) <= sms:
                 return dict(BN=bn, num_warps=w)
+    if cdiv(n, 64) * cdiv(m, 128) <= 2 * sms:
+        return dict(BN=64, num_warps=8)
     return None
 
 
