@@ -45,12 +45,14 @@ def test_gemm_configs_match_exact(cfg, dtype):
     assert ran >= 3, cfg  # every config meets at least three of the shapes
 
 
+@pytest.mark.parametrize("m", [256, 700, 1500])  # 32-, 64- and 128-token tiles
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gemm_small_layer_config_matches_exact(dtype):
-    # the config _small_layer_config picks, on SmolLM2's down projection and ragged
-    # neighbours: M not whole 32-token tiles, N not a multiple of 64, a shorter K
-    cfg = gk.pick_config(256, 576, 1536)
-    shapes = ((576, 1536, 256), (576, 1536, 201), (200, 1536, 129), (576, 1024, 300))
+def test_gemm_small_layer_configs_match_exact(dtype, m):
+    # the configs _small_layer_config picks, on SmolLM2's down projection and ragged
+    # neighbours: M not whole token tiles, N not a multiple of 64, a shorter K
+    cfg = gk.pick_config(m, 576, 1536)
+    assert cfg["BM"] == {256: 32, 700: 64, 1500: 128}[m]
+    shapes = ((576, 1536, m), (576, 1536, m - 55), (200, 1536, m - 127), (576, 1024, m + 44))
     assert count_exact_on_shapes(gk, cfg, shapes, dtype) == len(shapes)
 
 
@@ -102,7 +104,11 @@ def test_fits_and_pick_config():
     down = gk.pick_config(256, 576, 1536)  # SmolLM2's down projection, 129-256 tokens
     assert down == _cfg(bm=32, g=8, X_STEPS=2, LOOKAHEAD=True)
     assert gk.pick_config(128, 576, 1536) is None  # up to 128 tokens: the Triton kernel
-    assert gk.pick_config(257, 576, 1536) is None  # past 256 (not measured): the same
+    # prompts: 64-token tiles while they fit in one wave (9 x 14 at 896 tokens), then 128
+    assert gk.pick_config(257, 576, 1536) == _cfg(bm=64, g=8, X_STEPS=2, LOOKAHEAD=True)
+    assert gk.pick_config(896, 576, 1536)["BM"] == 64
+    assert gk.pick_config(897, 576, 1536) == _cfg(bm=128, g=8, X_STEPS=2, LOOKAHEAD=True)
+    assert gk.pick_config(8192, 576, 1536)["BM"] == 128
     assert gk.pick_config(256, 576, 1280)["G"] == 4  # K not whole 8-step slots
     assert gk.pick_config(256, 4100, 4096) is None  # N not a multiple of 8
 

@@ -106,11 +106,12 @@ def test_fits_and_pick_config():
     assert sk.pick_config(256, 1536, 576) == CONFIGS[2]  # 192 programs on one warpgroup
     assert sk.pick_config(896, 576, 576) == CONFIGS[2]  # 18 x 7 programs
     # where 16 and 32 rows take more than a wave: 64 rows, then 64 on two warpgroups
+    # in as many waves as it takes
     assert sk.pick_config(129, 2304, 576) == CONFIGS[3]  # 36 x 3 programs
     assert sk.pick_config(256, 3072, 576) == CONFIGS[4]  # the engine's gate_up: 48 x 2
     assert sk.pick_config(1024, 576, 576) == CONFIGS[4]  # 9 x 8
-    assert sk.pick_config(512, 4096, 576) == CONFIGS[4]  # 64 x 4: two waves at most
-    assert sk.pick_config(1024, 3072, 576) is None  # 48 x 8, past two waves: linear_kernels
+    assert sk.pick_config(512, 4096, 576) == CONFIGS[4]  # 64 x 4
+    assert sk.pick_config(8192, 3072, 576) == CONFIGS[4]  # 48 x 64: prompts, many waves
     assert sk.pick_config(256, 576, 1536) is None  # K = 1536: linear_kernels
     assert sk.pick_config(256, 4096, 4096) is None  # large layers: gemm_kernel
 
@@ -138,6 +139,13 @@ def test_linear_routes_smollm2_layers_here():
     assert lk.route(x_down[:16], down, down_scales, out_down[:16])[0] == "triton"
     assert lk.route(x_down[:17], down, down_scales, out_down[:17])[0] == "small_phased"
     assert lk.route(x_down, down, down_scales, out_down)[0] == "small_phased"
+    # prompts: past the phased kernel's one wave the GEMM (the Triton kernel's before)
+    x_long = torch.randn(1024, 1536, device=CUDA, dtype=torch.bfloat16)
+    out_long = torch.empty(1024, 576, device=CUDA, dtype=torch.bfloat16)
+    assert lk.route(x_long, down, down_scales, out_long)[0] == "gemm"
+    x_up = torch.randn(1024, 576, device=CUDA, dtype=torch.bfloat16)
+    out_up = torch.empty(1024, 3072, device=CUDA, dtype=torch.bfloat16)
+    assert lk.route(x_up, fused, fused_scales, out_up) == ("small", CONFIGS[4])
     wide, wide_scales, _ = cuda_weight(2048, 1536, torch.bfloat16, seed=10)
     out_wide = torch.empty(256, 2048, device=CUDA, dtype=torch.bfloat16)
     assert lk.route(x_down, wide, wide_scales, out_wide)[0] == "gemm"  # 256 programs

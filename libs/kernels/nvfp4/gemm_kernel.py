@@ -291,7 +291,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     if m <= 16 or n % 8:
         return None
     if n * k < 2**22:
-        return _small_layer_config(m, k)
+        return _small_layer_config(m, n, k, sms)
     if n * k < 2**24:
         return None
     bm = 256 if m > 128 else max(16, 1 << (m - 1).bit_length())
@@ -324,17 +324,24 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     return cfg
 
 
-def _small_layer_config(m: int, k: int) -> dict | None:
-    """Layers under 2^22 weights come here only where small_kernel declines them (route
-    asks it first): K past its 576, as SmolLM2's down projection (576 x 1536). From 129 to
-    256 tokens: 32-token tiles (two programs per SM), 8-step weight slots, two-step x
-    slots read ahead. From a sweep on an H200 (session `small-wgmma`), 576 x 1536 at
-    M = 256 6.47 us against the Triton kernel's 7.80 (torch 5.27); at M = 128 6.39 against
-    6.33, at M = 64 6.38 against 5.27, so fewer tokens stay there. More than 256 tokens
-    (long prompts) were not measured and stay there too."""
-    if not 128 < m <= 256:
+def _small_layer_config(m: int, n: int, k: int, sms: int) -> dict | None:
+    """Layers under 2^22 weights come here only where small_kernel and small_phased_kernel
+    decline them (route asks them first): K past small_kernel's 576, as SmolLM2's down
+    projection (576 x 1536), at token counts past small_phased_kernel's one wave. Weight
+    slots of 8 steps, two-step x slots read ahead, token tiles by count:
+    - 129-256 tokens: 32 (two programs per SM). Session `small-wgmma`, 576 x 1536 at
+      M = 256 6.47 us against the Triton kernel's 7.80 (torch 5.27); at M = 128 6.39
+      against 6.33, at M = 64 6.38 against 5.27, so fewer tokens stay there.
+    - more (prompts): 64 while the tiles fit in one wave, else 128. Session `wide-slices`
+      (docs/notes/bench/long_m_sweep2.json), 576 x 1536, us, against the Triton kernel
+      (torch): M = 768 64-token tiles 7.10 against 14.07 (5.82; 128-token tiles 8.31);
+      M = 1024 / 1536 / 2048 / 4096 128-token tiles 8.29 / 8.40 / 14.90 / 21.91 against
+      17.73 / 24.40 / 30.39 / 56.45 (5.81 / 6.93 / 8.06 / 11.89; 64-token tiles 9.93 /
+      9.87 / 15.34 / 23.05)."""
+    if m <= 128:
         return None
-    cfg = dict(BN=64, BM=32, BK=64, G=8 if k % 512 == 0 else 4, STAGES=4, W_STAGES=2,
+    bm = 32 if m <= 256 else 64 if cdiv(n, 64) * cdiv(m, 64) <= sms else 128
+    cfg = dict(BN=64, BM=bm, BK=64, G=8 if k % 512 == 0 else 4, STAGES=4, W_STAGES=2,
                SPLIT_K=1, maxnreg=128, X_STEPS=2, LOOKAHEAD=True)
     return cfg if fits(m, k, cfg) else None
 

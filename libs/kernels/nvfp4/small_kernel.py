@@ -289,8 +289,8 @@ def readable(x2: torch.Tensor, packed: torch.Tensor) -> bool:
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
-    kernel runs instead: layers of 2^22 weights or more, K past MAX_K or not a multiple of
-    64, and token counts that would take more than two waves at 64 rows on two warpgroups.
+    kernel runs instead: layers of 2^22 weights or more, and K past MAX_K or not a multiple
+    of 64.
 
     Up to X_REGS_MAX_M tokens: x through registers, 16 rows a program while at most two
     programs a SM (they fit: ~200 registers a thread on 4 warps), else 32. Three interleaved
@@ -312,13 +312,17 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
       program lost wherever 16 or 32 fit in a wave (4.5-5.8 us).
 
     Where neither does (wide layers such as the engine's fused gate_up, 3072 x 576, from
-    129 tokens; long prompts), 64 rows a program, then 64 rows on two warpgroups up to two
-    waves: faster than the Triton kernel these calls went to before (session
-    `wide-slices`, three interleaved rounds, us, against the Triton kernel; torch):
-    3072 x 576 at M = 129 / 192 / 256 / 512 6.22 / 6.52 / 6.35 / 10.95 against 6.87 /
-    8.55 / 8.71 / 15.45 (4.44 / 4.48 / 4.45 / 5.68); 4096 x 576 at M = 256 6.94 against
-    14.10 (5.07); 2304 x 576 at M = 129 5.08 against 6.65 (4.20); 1536 x 576 at M = 512
-    6.30 against 8.67 (4.37); 576 x 576 at M = 1024 5.92 against 8.45 (4.19). Still short
+    129 tokens; long prompts), 64 rows a program, then 64 rows on two warpgroups in as
+    many waves as it takes: faster than the Triton kernel these calls went to before
+    (session `wide-slices`, three interleaved rounds, us, against the Triton kernel;
+    torch): 3072 x 576 at M = 129 / 192 / 256 / 512 6.22 / 6.52 / 6.35 / 10.95 against
+    6.87 / 8.55 / 8.71 / 15.45 (4.44 / 4.48 / 4.45 / 5.68); 4096 x 576 at M = 256 6.94
+    against 14.10 (5.07); 2304 x 576 at M = 129 5.08 against 6.65 (4.20); 1536 x 576 at
+    M = 512 6.30 against 8.67 (4.37); 576 x 576 at M = 1024 5.92 against 8.45 (4.19).
+    Past two waves (prompts of 1024-8192 tokens) 64 rows on two warpgroups stay ahead:
+    3072 x 576 at M = 1024 / 2048 / 4096 / 8192 16.38 / 30.29 / 57.61 / 111.71 against
+    28.19 / 53.62 / 102.90 / 204.50 (torch 8.29 / 13.64 / 25.86 / 49.46); 576, 960 and
+    1536 rows likewise, 1.33-1.97x faster (docs/notes/bench/long_m_sweep2.json). Still short
     of torch there."""
     if n * k >= 2**22 or not fits(m, k, {}):
         return None
@@ -331,9 +335,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
         for w in (4, 8) if m > 64 else (4,):
             if bn * 8 >= 32 * w and cdiv(n, bn) * cdiv(m, 16 * w) <= sms:
                 return dict(BN=bn, num_warps=w)
-    if cdiv(n, 64) * cdiv(m, 128) <= 2 * sms:
-        return dict(BN=64, num_warps=8)
-    return None
+    return dict(BN=64, num_warps=8)
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
