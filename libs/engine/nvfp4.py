@@ -13,9 +13,10 @@ with the shared s2. The engine therefore quantizes ``wqkv`` and ``w_gate_up`` as
 tests check the equivalence shard by shard.
 
 Where the matmul runs. On GPU the packed weight is all that is kept and every linear calls
-`nvfp4_linear` (the Triton kernel when it exists, else the torch reference). On CPU there is
-no FP4 arithmetic at all: the reference dequantizes the whole weight on every call, which
-would make a decode step several times slower than the dense engine. So on CPU the
+`nvfp4_linear` (the Triton kernel when it exists, else the torch reference), bound to
+the weight by `prepare_nvfp4_linear` so that a decode step pays its host work once.
+On CPU there is no FP4 arithmetic at all: the reference dequantizes the whole weight on
+every call, which would make a decode step several times slower than the dense engine. So on CPU the
 dequantized weight is computed once at load with `dequantize_nvfp4` and kept next to the
 packed one; `F.linear(x, dense)` is then exactly what the reference `nvfp4_linear` computes
 (it is dequantize-then-F.linear), and tests check that equality bit for bit. The packed form
@@ -24,13 +25,13 @@ stays for export, fingerprints and moving to another device.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from libs.kernels import dequantize_nvfp4, nvfp4_linear, quantize_nvfp4
+from libs.kernels import PreparedLinear, dequantize_nvfp4, prepare_nvfp4_linear, quantize_nvfp4
 
 if TYPE_CHECKING:  # model.py imports this module
     from .model import Weights
@@ -47,6 +48,8 @@ class Nvfp4Weight:
     scales: torch.Tensor  # float8_e4m3fn [N, K/16], linear (checkpoint) layout
     s2: torch.Tensor  # fp32 0-d, decode form (amax / 2688)
     dense: torch.Tensor | None = None  # CPU only: dequantize_nvfp4(...) in the compute dtype
+    # GPU: nvfp4_linear bound to this weight, made at its first call (see linear)
+    prepared: PreparedLinear | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def quantize(cls, w: torch.Tensor) -> Nvfp4Weight:
@@ -75,9 +78,15 @@ class Nvfp4Weight:
         return out
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W.T: on CPU F.linear on the dense copy; on GPU nvfp4_linear, through a
+        PreparedLinear that does its host work once per x shape (an eager decode step is
+        host-bound: 47-123 us of Python a call before, docs/notes/nvfp4-triton.md, session
+        `prepared`). Same kernels, same bits."""
         if self.dense is not None:
             return F.linear(x, self.dense)
-        return nvfp4_linear(x, self.packed, self.scales, self.s2)
+        if self.prepared is None:
+            self.prepared = prepare_nvfp4_linear(self.packed, self.scales, self.s2)
+        return self.prepared(x)
 
     def split(self, sizes: list[int]) -> list[Nvfp4Weight]:
         """Row shards (e.g. q/k/v of wqkv), all keeping the shared s2, as ModelOpt stores them."""

@@ -15,11 +15,14 @@ from types import ModuleType
 import torch
 
 from . import checks, reference
+from .prepared import PreparedLinear
 from .swizzle import swizzle_scales, unswizzle_scales
 
 __all__ = [
+    "PreparedLinear",
     "dequantize_nvfp4",
     "nvfp4_linear",
+    "prepare_nvfp4_linear",
     "quantize_nvfp4",
     "swizzle_scales",
     "triton_available",
@@ -116,3 +119,16 @@ def nvfp4_linear(
     s2 = checks.as_global_scale(w_global, packed_w.device, check_value=not on_gpu)
     with _on_device_of(x):
         return _impl(x).linear(x, packed_w, w_scales, s2, bias)
+
+
+def prepare_nvfp4_linear(
+    packed_w: torch.Tensor,
+    w_scales: torch.Tensor,
+    w_global: torch.Tensor | float,
+    bias: torch.Tensor | None = None,
+) -> PreparedLinear:
+    """nvfp4_linear bound to one weight, for calling it many times: `prepared(x)` returns
+    exactly `nvfp4_linear(x, packed_w, w_scales, w_global, bias)`, with the host work per
+    call (checks, route, launch arguments) done once per x shape (prepared.py). The weight
+    is checked here, s2's value included: ValueError or TypeError as nvfp4_linear's."""
+    return PreparedLinear(packed_w, w_scales, w_global, bias, nvfp4_linear)

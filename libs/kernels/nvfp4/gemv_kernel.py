@@ -62,7 +62,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .grid import cdiv
-from .launch_cache import LaunchCache
+from .launch_cache import Launch, LaunchCache
 from .linear_kernels import _DECODE, DECODE_BITS_BF16, DECODE_BITS_F16, _tile_counters
 
 
@@ -596,6 +596,19 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, BM, NBYTES, SPLIT_K,
     num_warps, optional SLICES, RAGGED, X_SMEM); requires fits(M, K, cfg) and unit strides
     along K."""
+    _LAUNCHES(*_call(x2, packed, scales, s2, bias, out, cfg))
+    return out
+
+
+def bind(x2, packed, scales, s2, bias, out, cfg) -> Launch:
+    """launch's call as a Launch taking (x, out) of x2's and out's shape, strides, dtype
+    and alignment; a split-K workspace is made once and kept (the counters are the
+    stream's, so the caller keeps one Launch a stream)."""
+    return _LAUNCHES.bind(*_call(x2, packed, scales, s2, bias, out, cfg), x2, out)
+
+
+def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
+    """(grid, runtime args, constexprs, options, static key) of one launch."""
     m, k = x2.shape
     n = packed.shape[0]
     bn, bm, nbytes, split, w = (cfg[key] for key in ("BN", "BM", "NBYTES", "SPLIT_K",
@@ -619,16 +632,15 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     words = packed.view(torch.int32)
     pairs = scales.view(torch.int16)
     has_bias = bias is not None
-    _LAUNCHES(
+    return (
         grid,
         (x2, words, pairs, s2, bias if has_bias else out, out, ws, cnt,
          m, n, x2.stride(0), words.stride(0), pairs.stride(0), out.stride(0), k_iters),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, NBYTES=nbytes, SPLIT_K=split, SLICES=slices,
              RAGGED=ragged, OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma,
              X_SMEM=x_smem, KCS=kcs),
-        dict(num_warps=w), static_key=(has_bias, bn, bm, nbytes, split, slices, ragged, w,
-                                       x2.dtype, x_smem, kcs))
-    return out
+        dict(num_warps=w), (has_bias, bn, bm, nbytes, split, slices, ragged, w,
+                            x2.dtype, x_smem, kcs))
 
 
 _LAUNCHES = LaunchCache(_gemv_kernel)  # a memo of compiled launches, as Triton's own cache

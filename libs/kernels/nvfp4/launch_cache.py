@@ -55,11 +55,12 @@ class LaunchCache:
         self.entries: dict[tuple, tuple] = {}
 
     def __call__(self, grid: tuple, args: tuple, constexprs: dict, options: dict,
-                 static_key: tuple | None = None) -> None:
+                 static_key: tuple | None = None) -> tuple:
         """kernel[grid](*args, **constexprs, **options). args are the runtime arguments in
         signature order (they come first in every kernel here), constexprs the rest by
         name. static_key must determine constexprs and options; without one they are the
-        key themselves (plain values: Gluon layouts cost microseconds to hash)."""
+        key themselves (plain values: Gluon layouts cost microseconds to hash). Returns
+        the entry that launched, (compiled kernel, constexpr tail), for `Launch`."""
         if static_key is None:
             static_key = tuple(constexprs.values()) + tuple(options.items())
         device = driver.active.get_current_device()
@@ -68,12 +69,56 @@ class LaunchCache:
         if entry is None:
             compiled = self.kernel[grid](*args, **constexprs, **options)
             tail = tuple(constexprs[name] for name in self.names[len(args):])
-            self.entries[key] = (compiled, tail)
-            return
-        compiled, tail = entry
-        g = tuple(grid) + (1,) * (3 - len(grid))
-        stream = driver.active.get_current_stream(device)
-        full = args + tail
-        compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
-                     compiled.launch_metadata(g, stream, *full), knobs.runtime.launch_enter_hook,
-                     knobs.runtime.launch_exit_hook, *full)
+            entry = self.entries[key] = (compiled, tail)
+            return entry
+        _run(entry, grid, driver.active.get_current_stream(device), args)
+        return entry
+
+    def bind(self, grid: tuple, args: tuple, constexprs: dict, options: dict,
+             static_key: tuple, x: object, out: object) -> Launch:
+        """This call as a `Launch` whose x and out (found in args by identity) are given
+        at each call."""
+        return Launch(self, grid, args, constexprs, options, static_key, x, out)
+
+
+class Launch:
+    """One launch site's call with everything decided but x and out, for a caller that
+    runs it many times on inputs of one shape (libs/kernels/nvfp4/prepared.py): the first
+    call goes through the cache, compiling if need be, and later ones straight to the
+    compiled kernel's launcher, with no key at all. So every x and out given must
+    specialize as the first call's did (dtype, 16-byte alignment) and the current device
+    must stay the one bound; the caller's own key guarantees both. The other arguments
+    (weights, workspaces, counters, sizes) are the bound ones on every call."""
+
+    def __init__(self, cache: LaunchCache, grid: tuple, args: tuple, constexprs: dict,
+                 options: dict, static_key: tuple, x: object, out: object) -> None:
+        self.cache, self.constexprs, self.options = cache, constexprs, options
+        self.static_key = static_key
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
+        self.args = list(args)
+        self.x_at = [i for i, a in enumerate(args) if a is x]
+        self.out_at = [i for i, a in enumerate(args) if a is out]
+        self.device = driver.active.get_current_device()
+        self.entry: tuple | None = None
+
+    def __call__(self, x: object, out: object) -> None:
+        args = self.args.copy()
+        for i in self.x_at:
+            args[i] = x
+        for i in self.out_at:
+            args[i] = out
+        if self.entry is None:
+            self.entry = self.cache(self.grid, tuple(args), self.constexprs, self.options,
+                                    self.static_key)
+        else:
+            _run(self.entry, self.grid, driver.active.get_current_stream(self.device), args)
+
+
+def _run(entry: tuple, grid: tuple, stream: int, args) -> None:
+    """Launch a cached entry's compiled kernel as the JIT would (launch hooks included)."""
+    compiled, tail = entry
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    full = (*args, *tail)
+    compiled.run(g[0], g[1], g[2], stream, compiled.function, compiled.packed_metadata,
+                 compiled.launch_metadata(g, stream, *full), knobs.runtime.launch_enter_hook,
+                 knobs.runtime.launch_exit_hook, *full)

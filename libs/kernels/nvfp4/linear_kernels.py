@@ -68,7 +68,7 @@ import triton.language as tl
 
 from .format import BLOCK
 from .grid import cdiv
-from .launch_cache import LaunchCache
+from .launch_cache import Launch, LaunchCache
 
 # Per x.dtype: (log2 of the factor folded into the block scale, log2 of the factor the
 # epilogue puts back). See the module docstring.
@@ -393,6 +393,19 @@ def _small_layer_runs(cfg: dict, k_steps: int) -> None:
 
 def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
     """Run the kernel on x2 [M, K] (unit stride along K) into out [M, N] with config cfg."""
+    _LAUNCHES(*_call(x2, packed, scales, s2, bias, out, cfg, decode_asm))
+    return out
+
+
+def bind(x2, packed, scales, s2, bias, out, cfg) -> Launch:
+    """launch's call as a Launch taking (x, out) of x2's and out's shape, strides, dtype
+    and alignment; a split-K workspace is made once and kept (the counters are the
+    stream's, so the caller keeps one Launch a stream)."""
+    return _LAUNCHES.bind(*_call(x2, packed, scales, s2, bias, out, cfg, None), x2, out)
+
+
+def _call(x2, packed, scales, s2, bias, out, cfg, decode_asm) -> tuple:
+    """(grid, runtime args, constexprs, options, static key) of one launch."""
     m, k = x2.shape
     n = packed.shape[0]
     bm, bn, bk, split = cfg["BLOCK_M"], cfg["BLOCK_N"], cfg["BLOCK_K"], cfg["SPLIT_K"]
@@ -405,7 +418,7 @@ def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
     else:
         ws = cnt = out  # never read
     scale_log2, out_log2 = _DECODE[x2.dtype]
-    _LAUNCHES(
+    return (
         grid,
         (x2, packed, scales.view(torch.uint8), s2, bias if bias is not None else out, out,
          ws, cnt, m, n, k, x2.stride(0), packed.stride(0), scales.stride(0), out.stride(0),
@@ -416,8 +429,8 @@ def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
              K_INTERLEAVE=bool(cfg.get("K_INTERLEAVE")) and split > 1),
         dict(num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
              **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {})),
+        None,
     )
-    return out
 
 
 _LAUNCHES = LaunchCache(_linear_kernel)  # a memo of compiled launches, as Triton's own cache

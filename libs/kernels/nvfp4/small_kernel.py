@@ -72,7 +72,7 @@ from .gemv_kernel import (
     _load_s2_bias,
 )
 from .grid import cdiv
-from .launch_cache import LaunchCache
+from .launch_cache import Launch, LaunchCache
 from .linear_kernels import _DECODE
 
 MAX_K = 576  # SmolLM2's K (measured); x's 64 x K tile a warpgroup fills shared memory
@@ -342,6 +342,19 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, num_warps, X_REGS=False);
     requires fits(M, K, cfg), readable(x2, packed) (with X_REGS: only packed's part) and
     unit strides along K."""
+    _LAUNCHES(*_call(x2, packed, scales, s2, bias, out, cfg))
+    return out
+
+
+def bind(x2, packed, scales, s2, bias, out, cfg) -> Launch:
+    """launch's call as a Launch taking (x, out) of x2's and out's shape, strides, dtype
+    and alignment. X_REGS configs only: the TMA form's descriptor is made from one x."""
+    assert cfg.get("X_REGS", False), cfg
+    return _LAUNCHES.bind(*_call(x2, packed, scales, s2, bias, out, cfg), x2, out)
+
+
+def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
+    """(grid, runtime args, constexprs, options, static key) of one launch."""
     m, k = x2.shape
     n = packed.shape[0]
     bn, w, x_regs = cfg["BN"], cfg["num_warps"], cfg.get("X_REGS", False)
@@ -357,14 +370,13 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
         x_src, xl = TensorDescriptor.from_tensor(x2, [bm, 64], sw), None
     words = packed.view(torch.int32)
     has_bias = bias is not None
-    _LAUNCHES(
+    return (
         (cdiv(n, bn), cdiv(m, bm)),
         (x_src, words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
          m, n, x2.stride(0), words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, OUT_LOG2=_DECODE[x2.dtype][1],
              WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl),
-        dict(num_warps=w), static_key=(has_bias, bn, w, k, x2.dtype, x_regs))
-    return out
+        dict(num_warps=w), (has_bias, bn, w, k, x2.dtype, x_regs))
 
 
 _LAUNCHES = LaunchCache(_small_kernel)  # a memo of compiled launches, as Triton's own cache

@@ -1,0 +1,117 @@
+"""nvfp4_linear for one weight called over and over: the eager engine's decode linears.
+
+Why: an eager decode step is host-bound. On the H200's host `nvfp4_linear` spent 47-50 us
+of Python a call on SmolLM2's 576-wide layers at one token and 76-123 us on the down
+projection, against 17-23 us for `F.linear` (docs/notes/nvfp4-triton.md, session
+`prepared`): the checks, the route, the launch site's arguments and the launch cache's key,
+every call, for answers that only change with x's shape. So eager decode with NVFP4 weights
+ran at 25 tok/s against the dense engine's 40-55.
+
+A `PreparedLinear` holds one weight, checked once, and a plan per x signature (shape,
+strides, dtype, device, 16-byte alignment, stream): the first call with a signature checks x
+as `nvfp4_linear` does (the same errors), routes and binds the kernel's launch
+(launch_cache.Launch); later calls allocate the output and launch the compiled kernel. Only
+the routes that read x through plain pointers are bound (the GEMV, the small kernel's
+X_REGS form, the Triton kernel: what a decode step's token counts take); the others, and
+more than MAX_TOKENS tokens, run `nvfp4_linear` itself. The result is the same kernel on
+the same arguments, so bit for bit `nvfp4_linear`'s.
+
+The weight tensors are read at every call, never copied: changing their values in place
+shows in the next call, as with `nvfp4_linear`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from . import checks
+
+MAX_TOKENS = 64  # planned token counts: decode batches (and short prompts)
+MAX_PLANS = 256  # signatures kept a weight; past that the plans start over
+
+
+class PreparedLinear:
+    """x -> nvfp4_linear(x, packed_w, w_scales, w_global, bias), with the per-call host
+    work done once per x signature (see the module doc)."""
+
+    def __init__(self, packed_w: torch.Tensor, w_scales: torch.Tensor,
+                 w_global: torch.Tensor | float, bias: torch.Tensor | None,
+                 unplanned: Callable[..., torch.Tensor]) -> None:
+        """unplanned: nvfp4_linear itself (passed in: it lives in the package's
+        __init__, which imports this module)."""
+        checks.check_quantized(packed_w, w_scales)
+        if packed_w.ndim != 2:
+            raise ValueError(f"packed weight must be 2-D [N, K/2], got {tuple(packed_w.shape)}")
+        self.packed, self.scales, self.bias = packed_w, w_scales, bias
+        # Checked here once (a host read on a GPU), so the calls never read it back.
+        self.s2 = checks.as_global_scale(w_global, packed_w.device)
+        self.n, self.k = packed_w.shape[0], packed_w.shape[1] * 2
+        self._unplanned_linear = unplanned
+        self._plans: dict[tuple, _Plan | None] = {}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if not (isinstance(x, torch.Tensor) and x.is_cuda and self.packed.is_cuda):
+            return self._unplanned(x)
+        device = x.device
+        if device.index != torch.cuda.current_device():
+            return self._unplanned(x)  # nvfp4_linear switches devices; a plan does not
+        # The raw stream handle, as Triton's launcher reads it (a Stream object costs more).
+        key = (x.shape, x.stride(), x.dtype, device, x.data_ptr() % 16 == 0,
+               torch._C._cuda_getCurrentRawStream(device.index))
+        plan = self._plans.get(key, False)
+        if plan is False:
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
+            plan = self._plans[key] = self._plan(x)
+            if plan is not None:
+                return plan.first(x)
+        return plan(x) if plan is not None else self._unplanned(x)
+
+    def _unplanned(self, x: torch.Tensor) -> torch.Tensor:
+        return self._unplanned_linear(x, self.packed, self.scales, self.s2, self.bias)
+
+    def _plan(self, x: torch.Tensor) -> _Plan | None:
+        """A plan for x's signature, or None where nvfp4_linear runs (raising its errors
+        for a bad x)."""
+        checks.check_linear(x, self.packed, self.scales, self.bias)
+        if x.dtype == torch.float32 or x.numel() == 0 or self.n == 0:
+            return None  # fp32 takes the dequantize route; nothing to launch
+        x2 = x.reshape(-1, self.k)
+        if x2.shape[0] > MAX_TOKENS or x2.stride(-1) != 1 or x2.data_ptr() != x.data_ptr():
+            return None
+        from . import linear_kernels as lk
+
+        out = torch.empty((*x.shape[:-1], self.n), dtype=x.dtype, device=x.device)
+        out2 = out.view(-1, self.n)
+        kernel, cfg = lk.route(x2, self.packed, self.scales, out2)
+        if kernel == "triton":
+            bind = lk.bind
+        elif kernel == "gemv" or (kernel == "small" and cfg.get("X_REGS")):
+            bind = lk._gluon(f"{kernel}_kernel").bind
+        else:
+            return None
+        launch = bind(x2, self.packed, self.scales, self.s2, self.bias, out2, cfg)
+        return _Plan(launch, out.shape, x.dtype, out)
+
+
+class _Plan:
+    """One x signature's bound launch and output shape."""
+
+    def __init__(self, launch, out_shape: torch.Size, dtype: torch.dtype,
+                 first_out: torch.Tensor) -> None:
+        self.launch, self.out_shape, self.dtype = launch, out_shape, dtype
+        self.device = first_out.device
+        self.first_out: torch.Tensor | None = first_out
+
+    def first(self, x: torch.Tensor) -> torch.Tensor:
+        """The planning call: into the output the launch was bound with."""
+        out, self.first_out = self.first_out, None
+        self.launch(x, out)
+        return out
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        self.launch(x, out)
+        return out

@@ -1,0 +1,139 @@
+"""prepare_nvfp4_linear (libs/kernels/nvfp4/prepared.py): the same output as nvfp4_linear,
+bit for bit, with the host work done once per x signature; the same errors for bad input.
+CPU tests run everywhere; the bound launches need a GPU (`gpu`)."""
+
+import pytest
+import torch
+
+from libs.kernels import nvfp4_linear, prepare_nvfp4_linear, quantize_nvfp4
+
+from .nvfp4_helpers import cuda_weight
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def cpu_weight(n: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return quantize_nvfp4(torch.randn(n, k, generator=g))
+
+
+@pytest.mark.parametrize("shape", [(3, 64), (2, 1, 64), (1, 64), (5, 7, 64)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_cpu_equals_nvfp4_linear(shape, with_bias):
+    p, s, g = cpu_weight(48, 64, seed=1)
+    bias = torch.randn(48) if with_bias else None
+    f = prepare_nvfp4_linear(p, s, g, bias)
+    for seed in range(3):  # fresh values through the same signature
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(f(x), nvfp4_linear(x, p, s, g, bias))
+
+
+def test_bad_x_raises_what_nvfp4_linear_raises():
+    p, s, g = cpu_weight(16, 64, seed=2)
+    f = prepare_nvfp4_linear(p, s, g)
+    for bad, kind in ((torch.randn(2, 48), ValueError), (torch.ones(2, 64, dtype=torch.int32),
+                                                         TypeError)):
+        with pytest.raises(kind) as ours:
+            f(bad)
+        with pytest.raises(kind) as theirs:
+            nvfp4_linear(bad, p, s, g)
+        assert str(ours.value) == str(theirs.value)
+
+
+def test_bad_weight_raises_at_prepare():
+    p, s, g = cpu_weight(16, 64, seed=3)
+    with pytest.raises(ValueError, match="contiguous"):
+        prepare_nvfp4_linear(p.t(), s, g)
+    with pytest.raises(ValueError, match="2-D"):
+        prepare_nvfp4_linear(p[None], s[None], g)
+    with pytest.raises(ValueError, match="positive and finite"):
+        prepare_nvfp4_linear(p, s, -1.0)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        prepare_nvfp4_linear(p, s.view(torch.uint8), g)
+
+
+# SmolLM2's fused layers as the engine runs them, and a GEMV layer; token counts of decode
+# batches, past the planned ones (MAX_TOKENS = 64), and prefill's.
+GPU_LAYERS = [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 4096)]
+GPU_TOKENS = [1, 3, 8, 16, 32, 33, 64, 65, 256]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("n,k", GPU_LAYERS)
+def test_gpu_equals_nvfp4_linear_bit_for_bit(n, k):
+    packed, scales, s2 = cuda_weight(n, k, torch.bfloat16, seed=n + k)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    for b in (None, bias):
+        f = prepare_nvfp4_linear(packed, scales, s2, b)
+        for m in GPU_TOKENS:
+            kept = []
+            for seed in range(3):  # the first call plans, the next ones replay
+                g = torch.Generator(device="cuda").manual_seed(seed)
+                x = torch.randn(m, 1, k, device="cuda", dtype=torch.bfloat16, generator=g)
+                y = f(x)
+                assert y.shape == (m, 1, n)
+                assert torch.equal(y, nvfp4_linear(x, packed, scales, s2, b)), (m, seed)
+                kept.append((x, y))
+            for x, y in kept:  # each call had its own output, not one buffer reused
+                assert torch.equal(y, nvfp4_linear(x, packed, scales, s2, b))
+
+
+@gpu
+@needs_cuda
+def test_gpu_decode_calls_skip_the_launch_cache(monkeypatch):
+    """After the planning call, a decode-sized call launches without the launch cache:
+    the replay path is what runs, and it is exact."""
+    from libs.kernels.nvfp4 import launch_cache
+
+    calls = []
+    original = launch_cache.LaunchCache.__call__
+    monkeypatch.setattr(launch_cache.LaunchCache, "__call__",
+                        lambda self, *a, **kw: calls.append(1) or original(self, *a, **kw))
+    for n, k in ((960, 576), (576, 1536), (4096, 4096)):  # small X_REGS, Triton, GEMV
+        packed, scales, s2 = cuda_weight(n, k, torch.float16, seed=5)
+        f = prepare_nvfp4_linear(packed, scales, s2)
+        x = torch.randn(2, k, device="cuda", dtype=torch.float16)
+        f(x)
+        planned = len(calls)
+        assert planned >= 1
+        for _ in range(4):
+            x = torch.randn(2, k, device="cuda", dtype=torch.float16)
+            assert torch.equal(f(x), nvfp4_linear(x, packed, scales, s2))
+        # nvfp4_linear went through the cache 4 times; the prepared calls never did
+        assert len(calls) == planned + 4, (n, k)
+
+
+@gpu
+@needs_cuda
+def test_gpu_misaligned_x_and_other_streams_get_their_own_plans():
+    packed, scales, s2 = cuda_weight(576, 1536, torch.bfloat16, seed=6)  # split-K at 1 token
+    f = prepare_nvfp4_linear(packed, scales, s2)
+    wide = torch.randn(4, 1544, device="cuda", dtype=torch.bfloat16)
+    for x in (wide[:, :1536], wide[:, 1:1537], wide[:1, 8:1544], wide[:1, 1:1537]):
+        for _ in range(2):
+            assert torch.equal(f(x), nvfp4_linear(x, packed, scales, s2))
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    xs = [torch.randn(1, 1536, device="cuda", dtype=torch.bfloat16) for _ in streams]
+    torch.cuda.synchronize()
+    outs = []
+    for _ in range(3):
+        for s, x in zip(streams, xs, strict=True):
+            with torch.cuda.stream(s):
+                outs.append((x, f(x)))
+    torch.cuda.synchronize()
+    for x, y in outs:
+        assert torch.equal(y, nvfp4_linear(x, packed, scales, s2))
+    assert len(f._plans) >= 6  # four x signatures on the default stream, two streams more
+
+
+@gpu
+@needs_cuda
+def test_gpu_fp32_and_empty_inputs_take_nvfp4_linear():
+    packed, scales, s2 = cuda_weight(576, 576, torch.bfloat16, seed=7)
+    f = prepare_nvfp4_linear(packed, scales, s2)
+    x = torch.randn(2, 576, device="cuda")
+    assert torch.equal(f(x), nvfp4_linear(x, packed, scales, s2))
+    empty = torch.empty(0, 576, device="cuda", dtype=torch.bfloat16)
+    assert f(empty).shape == (0, 576)
