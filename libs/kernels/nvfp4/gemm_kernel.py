@@ -332,7 +332,7 @@ def _small_layer_config(m: int, n: int, k: int, sms: int) -> dict | None:
     - 129-256 tokens: 32 (two programs per SM). Session `small-wgmma`, 576 x 1536 at
       M = 256 6.47 us against the Triton kernel's 7.80 (torch 5.27); at M = 128 6.39
       against 6.33, at M = 64 6.38 against 5.27, so fewer tokens stay there.
-    - more (prompts): 64 while the tiles fit in one wave, else 128. Session `wide-slices`
+    - more (prompts): 64 while the tiles fit in one wave, else 128. Session `long-prompts`
       (docs/notes/bench/long_m_sweep2.json), 576 x 1536, us, against the Triton kernel
       (torch): M = 768 64-token tiles 7.10 against 14.07 (5.82; 128-token tiles 8.31);
       M = 1024 / 1536 / 2048 / 4096 128-token tiles 8.29 / 8.40 / 14.90 / 21.91 against

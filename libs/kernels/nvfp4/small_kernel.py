@@ -319,11 +319,11 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     6.87 / 8.55 / 8.71 / 15.45 (4.44 / 4.48 / 4.45 / 5.68); 4096 x 576 at M = 256 6.94
     against 14.10 (5.07); 2304 x 576 at M = 129 5.08 against 6.65 (4.20); 1536 x 576 at
     M = 512 6.30 against 8.67 (4.37); 576 x 576 at M = 1024 5.92 against 8.45 (4.19).
-    Past two waves (prompts of 1024-8192 tokens) 64 rows on two warpgroups stay ahead:
-    3072 x 576 at M = 1024 / 2048 / 4096 / 8192 16.38 / 30.29 / 57.61 / 111.71 against
-    28.19 / 53.62 / 102.90 / 204.50 (torch 8.29 / 13.64 / 25.86 / 49.46); 576, 960 and
-    1536 rows likewise, 1.33-1.97x faster (docs/notes/bench/long_m_sweep2.json). Still short
-    of torch there."""
+    Past two waves (prompts of 1024-8192 tokens; session `long-prompts`) 64 rows on two
+    warpgroups stay ahead: 3072 x 576 at M = 1024 / 2048 / 4096 / 8192 16.38 / 30.29 /
+    57.61 / 111.71 against 28.19 / 53.62 / 102.90 / 204.50 (torch 8.29 / 13.64 / 25.86 /
+    49.46); 576, 960 and 1536 rows likewise, 1.33-1.97x faster
+    (docs/notes/bench/long_m_sweep2.json). Still short of torch there."""
     if n * k >= 2**22 or not fits(m, k, {}):
         return None
     if m <= X_REGS_MAX_M:
