@@ -137,3 +137,29 @@ def test_gpu_fp32_and_empty_inputs_take_nvfp4_linear():
     assert torch.equal(f(x), nvfp4_linear(x, packed, scales, s2))
     empty = torch.empty(0, 576, device="cuda", dtype=torch.bfloat16)
     assert f(empty).shape == (0, 576)
+
+
+@gpu
+@needs_cuda
+def test_gpu_split_k_plans_share_one_workspace_a_stream_and_stay_exact():
+    """Bound split-K launches take the stream's shared workspace, not one each (which would
+    hold memory per weight and token count); calls of two weights interleaved on one
+    stream still give each its exact output."""
+    from libs.kernels.nvfp4 import linear_kernels as lk
+
+    weights = [cuda_weight(576, 1536, torch.bfloat16, seed=s) for s in (8, 9)]
+    fs = [prepare_nvfp4_linear(*w) for w in weights]
+    outs = []
+    for m in (1, 2, 5, 16):  # the Triton kernel with K split, at every one of these
+        for f, w in zip(fs, weights, strict=True):
+            x = torch.randn(m, 1536, device="cuda", dtype=torch.bfloat16)
+            outs.append((x, w, f(x), f(x)))
+    for x, w, first, again in outs:
+        expected = nvfp4_linear(x, *w)
+        assert torch.equal(first, expected) and torch.equal(again, expected)
+    workspaces = {plan.launch.args[6].untyped_storage().data_ptr()
+                  for f in fs for plan in f._plans.values() if plan is not None}
+    assert len(workspaces) == 1
+    assert all(6 not in plan.launch.out_at for f in fs for plan in f._plans.values())
+    assert any(buf.untyped_storage().data_ptr() in workspaces
+               for buf in lk._workspaces.values())

@@ -63,7 +63,13 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
 from .grid import cdiv
 from .launch_cache import Launch, LaunchCache
-from .linear_kernels import _DECODE, DECODE_BITS_BF16, DECODE_BITS_F16, _tile_counters
+from .linear_kernels import (
+    _DECODE,
+    DECODE_BITS_BF16,
+    DECODE_BITS_F16,
+    _tile_counters,
+    split_workspace,
+)
 
 
 def _log2(v: int) -> int:
@@ -596,18 +602,19 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, BM, NBYTES, SPLIT_K,
     num_warps, optional SLICES, RAGGED, X_SMEM); requires fits(M, K, cfg) and unit strides
     along K."""
-    _LAUNCHES(*_call(x2, packed, scales, s2, bias, out, cfg))
+    _LAUNCHES(*_call(x2, packed, scales, s2, bias, out, cfg, shared_ws=False))
     return out
 
 
 def bind(x2, packed, scales, s2, bias, out, cfg) -> Launch:
     """launch's call as a Launch taking (x, out) of x2's and out's shape, strides, dtype
-    and alignment; a split-K workspace is made once and kept (the counters are the
-    stream's, so the caller keeps one Launch a stream)."""
-    return _LAUNCHES.bind(*_call(x2, packed, scales, s2, bias, out, cfg), x2, out)
+    and alignment. Its split-K workspace and counters are the current stream's, so the
+    caller keeps one Launch a stream."""
+    return _LAUNCHES.bind(*_call(x2, packed, scales, s2, bias, out, cfg, shared_ws=True),
+                          x2, out)
 
 
-def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
+def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
     """(grid, runtime args, constexprs, options, static key) of one launch."""
     m, k = x2.shape
     n = packed.shape[0]
@@ -624,7 +631,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
     kcs = 1 << (k_iters - 1).bit_length() if x_smem else 4  # x's chunks, a power of two
     grid = (cdiv(n, bn // slices), split)
     if split > 1:
-        ws = x2.new_empty(split * grid[0] * bn * bm, dtype=s2.dtype)
+        ws = split_workspace(x2.device, split * grid[0] * bn * bm, shared_ws)
         cnt = _tile_counters(x2.device, grid[0])
     else:
         ws = cnt = out  # never read

@@ -284,6 +284,25 @@ def _tile_counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+_workspaces: dict[tuple, torch.Tensor] = {}
+
+
+def split_workspace(device: torch.device, numel: int, shared: bool) -> torch.Tensor:
+    """fp32 room for split-K partials: a fresh tensor, or (shared: for bound launches,
+    which keep theirs across calls) one buffer per (device, stream), grown as needed. As
+    with the counters, launches on one stream run one after another, so they can share
+    it; a buffer kept a workspace per bound launch instead would hold up to a few MB a
+    weight and token count."""
+    if not shared:
+        return torch.empty(numel, dtype=torch.float32, device=device)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
+    buf = _workspaces.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = _workspaces[key] = torch.empty(numel, dtype=torch.float32, device=device)
+    return buf[:numel]
+
+
 @functools.cache
 def _gluon(name: str):
     """The Gluon module gemv_kernel, gemm_kernel or small_kernel (each imports this one), or
@@ -393,18 +412,19 @@ def _small_layer_runs(cfg: dict, k_steps: int) -> None:
 
 def launch(x2, packed, scales, s2, bias, out, cfg, decode_asm=None):
     """Run the kernel on x2 [M, K] (unit stride along K) into out [M, N] with config cfg."""
-    _LAUNCHES(*_call(x2, packed, scales, s2, bias, out, cfg, decode_asm))
+    _LAUNCHES(*_call(x2, packed, scales, s2, bias, out, cfg, decode_asm, shared_ws=False))
     return out
 
 
 def bind(x2, packed, scales, s2, bias, out, cfg) -> Launch:
     """launch's call as a Launch taking (x, out) of x2's and out's shape, strides, dtype
-    and alignment; a split-K workspace is made once and kept (the counters are the
-    stream's, so the caller keeps one Launch a stream)."""
-    return _LAUNCHES.bind(*_call(x2, packed, scales, s2, bias, out, cfg, None), x2, out)
+    and alignment. Its split-K workspace and counters are the current stream's, so the
+    caller keeps one Launch a stream."""
+    return _LAUNCHES.bind(*_call(x2, packed, scales, s2, bias, out, cfg, None, shared_ws=True),
+                          x2, out)
 
 
-def _call(x2, packed, scales, s2, bias, out, cfg, decode_asm) -> tuple:
+def _call(x2, packed, scales, s2, bias, out, cfg, decode_asm, shared_ws: bool) -> tuple:
     """(grid, runtime args, constexprs, options, static key) of one launch."""
     m, k = x2.shape
     n = packed.shape[0]
@@ -413,7 +433,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg, decode_asm) -> tuple:
     grid = (cdiv(n, bn), cdiv(m, bm), split)
     tiles = grid[0] * grid[1]
     if split > 1:
-        ws = torch.empty(split * tiles * bn * bm, dtype=torch.float32, device=x2.device)
+        ws = split_workspace(x2.device, split * tiles * bn * bm, shared_ws)
         cnt = _tile_counters(x2.device, tiles)
     else:
         ws = cnt = out  # never read
