@@ -368,8 +368,12 @@ def main(argv=None) -> int:
     ap.add_argument("--stream-only", action="store_true", help="quantize/dequantize only")
     ap.add_argument("--linear-only", action="store_true", help="skip quantize/dequantize")
     ap.add_argument("--shapes", default="",
-                    help="comma list of smollm2,square,large,engine (engine: the fused "
-                         "SmolLM2 layers the engine runs, wqkv 960x576 and gate_up 3072x576)")
+                    help="comma list of smollm2,square,large,engine,mid (engine: the fused "
+                         "SmolLM2 layers the engine runs, wqkv 960x576 and gate_up 3072x576; "
+                         "mid: 2-4M-weight layers, 2048x2048, 2048x1536, 4096x1024)")
+    ap.add_argument("--ms", default="1,16,64,256",
+                    help="token counts of the linear rows (the targets are at 1 and 256; "
+                         "512 and more show long prompts)")
     ap.add_argument("--baseline", default="", help="another linear_kernels.py to time too")
     ap.add_argument("--stream-baseline", default="",
                     help="another triton_impl.py whose quantize/dequantize are timed too")
@@ -404,11 +408,14 @@ def main(argv=None) -> int:
         shapes = [sh for sh in [("smollm2 q/o", 576, 576), ("smollm2 k/v", 192, 576),
                                 ("smollm2 gate/up", 1536, 576), ("smollm2 down", 576, 1536),
                                 ("square 4096", 4096, 4096), ("large 8192x28672", 8192, 28672),
-                                ("engine wqkv", 960, 576), ("engine gate_up", 3072, 576)]
+                                ("engine wqkv", 960, 576), ("engine gate_up", 3072, 576),
+                                ("mid 2048x2048", 2048, 2048), ("mid 2048x1536", 2048, 1536),
+                                ("mid 4096x1024", 4096, 1024)]
                   if sh[0].split()[0] in keep]
     if args.stream_only:
         shapes = []
-    linear_rows = linear_bench(shapes, [1, 16, 64, 256], results, args.tune)
+    ms_list = [int(v) for v in args.ms.split(",")]
+    linear_rows = linear_bench(shapes, ms_list, results, args.tune)
     results["seconds"] = time.time() - t0
 
     os.makedirs(args.out, exist_ok=True)

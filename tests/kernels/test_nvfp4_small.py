@@ -139,13 +139,18 @@ def test_linear_routes_smollm2_layers_here():
     assert lk.route(x_down[:16], down, down_scales, out_down[:16])[0] == "triton"
     assert lk.route(x_down[:17], down, down_scales, out_down[:17])[0] == "small_phased"
     assert lk.route(x_down, down, down_scales, out_down)[0] == "small_phased"
-    # prompts: past the phased kernel's one wave the GEMM (the Triton kernel's before)
+    # prompts: past the phased kernel's one wave the GEMM (the Triton kernel's before),
+    # then in bf16 from 2^29 multiply-adds dequantize + cuBLAS (test_nvfp4_dequantize_route)
     x_long = torch.randn(1024, 1536, device=CUDA, dtype=torch.bfloat16)
     out_long = torch.empty(1024, 576, device=CUDA, dtype=torch.bfloat16)
-    assert lk.route(x_long, down, down_scales, out_long)[0] == "gemm"
+    assert lk.route(x_long[:512], down, down_scales, out_long[:512])[0] == "gemm"
+    assert lk.route(x_long, down, down_scales, out_long)[0] == "dequantize"
     x_up = torch.randn(1024, 576, device=CUDA, dtype=torch.bfloat16)
     out_up = torch.empty(1024, 3072, device=CUDA, dtype=torch.bfloat16)
-    assert lk.route(x_up, fused, fused_scales, out_up) == ("small", CONFIGS[4])
+    assert lk.route(x_up, fused, fused_scales, out_up)[0] == "dequantize"
+    # fp16 keeps the kernels at any length
+    assert lk.route(x_up.half(), fused, fused_scales, out_up.half()) == ("small", CONFIGS[4])
+    assert lk.route(x_long.half(), down, down_scales, out_long.half())[0] == "gemm"
     wide, wide_scales, _ = cuda_weight(2048, 1536, torch.bfloat16, seed=10)
     out_wide = torch.empty(256, 2048, device=CUDA, dtype=torch.bfloat16)
     assert lk.route(x_down, wide, wide_scales, out_wide)[0] == "gemm"  # 256 programs

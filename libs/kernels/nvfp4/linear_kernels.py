@@ -50,7 +50,9 @@ against ~5.6 us here, at M = 1 ~2.7 against ~4.9 us), 17 tokens or more on small
 with longer K (SmolLM2's down projection, K = 1536) to small_phased_kernel.py (the same
 form with x streamed through a ring of shared buffers: ~5.0 against ~6.3 us here at M =
 128, ~5.8 against the GEMM's ~6.4 at M = 256), and the small layers both decline at 129-256
-tokens to gemm_kernel.py; everything else runs here.
+tokens to gemm_kernel.py; everything else runs here. Prompts on layers of up to 2^22
+weights in bf16 take the reference's own route instead where it was measured faster than
+the kernel picked (dequantize_route.py): dequantize into a bf16 scratch weight, then cuBLAS.
 
 Numerics versus reference.linear: the reference rounds w * s2 to x.dtype for every weight,
 then cuBLAS sums bf16 products in fp32 in its own order. Here the weights are exact, the
@@ -66,6 +68,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .dequantize_route import takes_dequantize_route
 from .format import BLOCK
 from .grid import cdiv
 from .launch_cache import Launch, LaunchCache
@@ -458,14 +461,25 @@ _LAUNCHES = LaunchCache(_linear_kernel)  # a memo of compiled launches, as Trito
 
 def route(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
           out: torch.Tensor) -> tuple[str, dict]:
+    """How out = x2 @ W.T is computed: the kernel _pick_kernel names, or ("dequantize", {})
+    where dequantize + cuBLAS beat it (prompts on layers of up to 2^22 weights in bf16:
+    dequantize_route.py)."""
+    kernel, cfg = _pick_kernel(x2, packed, scales, out)
+    m, k = x2.shape
+    if x2.is_cuda and takes_dequantize_route(kernel, m, packed.shape[0], k, x2.dtype):
+        return "dequantize", {}
+    return kernel, cfg
+
+
+def _pick_kernel(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                 out: torch.Tensor) -> tuple[str, dict]:
     """Which kernel computes out = x2 @ W.T, and its config: ("gemv", cfg) for a few tokens
     on long rows (gemv_kernel), ("small", cfg) for small layers with K up to 576
     (small_kernel), ("small_phased", cfg) for 17 tokens and more on small layers with
     longer K (small_phased_kernel), ("gemm", cfg) for many tokens on large layers and on
-    the small layers both decline (gemm_kernel), else
-    ("triton", cfg) for this module's kernel. The Gluon kernels need
-    CUDA tensors (Gluon has no CPU interpreter) and addresses they can read as words or
-    TMA descriptors."""
+    the small layers both decline (gemm_kernel), else ("triton", cfg) for this module's
+    kernel. The Gluon kernels need CUDA tensors (Gluon has no CPU interpreter) and
+    addresses they can read as words or TMA descriptors."""
     m, k = x2.shape
     n = packed.shape[0]
     sms = _sm_count(x2.device)
@@ -515,8 +529,13 @@ def linear(
         if s2.dtype != torch.float32 or s2.device != x.device:
             s2 = s2.to(device=x.device, dtype=torch.float32)
         kernel, cfg = route(x2, packed, scales, out)
-        run = launch if kernel == "triton" else _gluon(f"{kernel}_kernel").launch
-        run(x2, packed, scales, s2, bias, out, cfg)
+        if kernel == "dequantize":  # the reference's route: its numerics, bit for bit
+            from .triton_impl import dequantize
+
+            out = torch.nn.functional.linear(x2, dequantize(packed, scales, s2, x.dtype), bias)
+        else:
+            run = launch if kernel == "triton" else _gluon(f"{kernel}_kernel").launch
+            run(x2, packed, scales, s2, bias, out, cfg)
     return out if flat else out.reshape(*x.shape[:-1], n)
 
 
