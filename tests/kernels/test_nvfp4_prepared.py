@@ -54,9 +54,10 @@ def test_bad_weight_raises_at_prepare():
 
 
 # SmolLM2's fused layers as the engine runs them, and a GEMV layer; token counts of decode
-# batches, past the planned ones (MAX_TOKENS = 64), and prefill's.
+# batches and of prompts: every route (X_REGS and TMA small kernel, phased kernel, Triton
+# kernel, GEMV, dequantize, and the GEMM, which runs unplanned).
 GPU_LAYERS = [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 4096)]
-GPU_TOKENS = [1, 3, 8, 16, 32, 33, 64, 65, 256]
+GPU_TOKENS = [1, 3, 8, 16, 32, 33, 64, 65, 256, 512, 1024]
 
 
 @gpu
@@ -103,6 +104,57 @@ def test_gpu_decode_calls_skip_the_launch_cache(monkeypatch):
             assert torch.equal(f(x), nvfp4_linear(x, packed, scales, s2))
         # nvfp4_linear went through the cache 4 times; the prepared calls never did
         assert len(calls) == planned + 4, (n, k)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("n, k, m, route", [
+    (3072, 576, 256, "small"),           # x by TMA
+    (576, 1536, 128, "small_phased"),    # x by TMA, in boxes of four chunks
+    (576, 1536, 32, "small_phased"),     # one box of 32 token rows
+])
+def test_gpu_prompt_calls_skip_the_launch_cache(monkeypatch, n, k, m, route):
+    """Prompt-sized calls on the TMA routes replay too: a new descriptor for each x, the
+    compiled kernel launched directly, and the result exact."""
+    from libs.kernels.nvfp4 import launch_cache
+    from libs.kernels.nvfp4 import linear_kernels as lk
+
+    packed, scales, s2 = cuda_weight(n, k, torch.bfloat16, seed=7)
+    x = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
+    assert lk.route(x[0], packed, scales, torch.empty(m, n, device="cuda",
+                                                      dtype=torch.bfloat16))[0] == route
+    calls = []
+    original = launch_cache.LaunchCache.__call__
+    monkeypatch.setattr(launch_cache.LaunchCache, "__call__",
+                        lambda self, *a, **kw: calls.append(1) or original(self, *a, **kw))
+    f = prepare_nvfp4_linear(packed, scales, s2)
+    f(x)
+    planned = len(calls)
+    for seed in range(3):
+        x = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16,
+                        generator=torch.Generator(device="cuda").manual_seed(seed))
+        assert torch.equal(f(x), nvfp4_linear(x, packed, scales, s2))
+    assert len(calls) == planned + 3  # nvfp4_linear's three; the prepared calls none
+
+
+@gpu
+@needs_cuda
+def test_gpu_plans_keep_no_input_or_output_alive():
+    """A plan keeps the weight's tensors, not the tensors of the call that made it: with
+    prompts a plan a chunk length, holding them would pin megabytes a layer."""
+    import gc
+    import weakref
+
+    for n, k, m in ((3072, 576, 256), (576, 1536, 128), (960, 576, 4)):
+        packed, scales, s2 = cuda_weight(n, k, torch.bfloat16, seed=8)
+        f = prepare_nvfp4_linear(packed, scales, s2)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        y = f(x)
+        refs = [weakref.ref(x), weakref.ref(y)]
+        f(torch.randn(m, k, device="cuda", dtype=torch.bfloat16))  # the plan replays
+        del x, y
+        gc.collect()
+        assert [r() for r in refs] == [None, None], (n, k, m)
 
 
 @gpu

@@ -22,6 +22,8 @@ still run: the compiled kernel's runner calls them as the JIT does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from triton import knobs
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
@@ -75,10 +77,12 @@ class LaunchCache:
         return entry
 
     def bind(self, grid: tuple, args: tuple, constexprs: dict, options: dict,
-             static_key: tuple, x: object, out: object) -> Launch:
+             static_key: tuple, x: object, out: object,
+             make_x: Callable[[torch.Tensor], object] | None = None) -> Launch:
         """This call as a `Launch` whose x and out (found in args by identity) are given
-        at each call."""
-        return Launch(self, grid, args, constexprs, options, static_key, x, out)
+        at each call; make_x, where x's argument is not the tensor itself (a TMA
+        descriptor), makes it from the tensor given."""
+        return Launch(self, grid, args, constexprs, options, static_key, x, out, make_x)
 
 
 class Launch:
@@ -91,20 +95,25 @@ class Launch:
     (weights, workspaces, counters, sizes) are the bound ones on every call."""
 
     def __init__(self, cache: LaunchCache, grid: tuple, args: tuple, constexprs: dict,
-                 options: dict, static_key: tuple, x: object, out: object) -> None:
+                 options: dict, static_key: tuple, x: object, out: object,
+                 make_x: Callable[[torch.Tensor], object] | None = None) -> None:
         self.cache, self.constexprs, self.options = cache, constexprs, options
         self.static_key = static_key
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.args = list(args)
         self.x_at = [i for i, a in enumerate(args) if a is x]
         self.out_at = [i for i, a in enumerate(args) if a is out]
+        for i in self.x_at + self.out_at:  # keep no tensor of the binding call alive
+            self.args[i] = None
+        self.make_x = make_x
         self.device = driver.active.get_current_device()
         self.entry: tuple | None = None
 
-    def __call__(self, x: object, out: object) -> None:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
         args = self.args.copy()
+        x_arg = x if self.make_x is None else self.make_x(x)
         for i in self.x_at:
-            args[i] = x
+            args[i] = x_arg
         for i in self.out_at:
             args[i] = out
         if self.entry is None:

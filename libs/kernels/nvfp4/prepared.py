@@ -1,4 +1,4 @@
-"""nvfp4_linear for one weight called over and over: the eager engine's decode linears.
+"""nvfp4_linear for one weight called over and over: the eager engine's linears.
 
 Why: an eager decode step is host-bound. On the H200's host `nvfp4_linear` spent 47-50 us
 of Python a call on SmolLM2's 576-wide layers at one token and 76-123 us on the down
@@ -10,11 +10,17 @@ ran at 25 tok/s against the dense engine's 40-55.
 A `PreparedLinear` holds one weight, checked once, and a plan per x signature (shape,
 strides, dtype, device, 16-byte alignment, stream): the first call with a signature checks x
 as `nvfp4_linear` does (the same errors), routes and binds the kernel's launch
-(launch_cache.Launch); later calls allocate the output and launch the compiled kernel. Only
-the routes that read x through plain pointers are bound (the GEMV, the small kernel's
-X_REGS form, the Triton kernel: what a decode step's token counts take); the others, and
-more than MAX_TOKENS tokens, run `nvfp4_linear` itself. The result is the same kernel on
-the same arguments, so bit for bit `nvfp4_linear`'s.
+(launch_cache.Launch); later calls allocate the output and launch the compiled kernel
+(making x's TMA descriptor first where the kernel reads x by TMA). The dequantize route's
+plan calls the Triton dequantize and cuBLAS directly. The GEMM, and more than MAX_TOKENS
+tokens, run `nvfp4_linear` itself. The result is the same kernel on the same arguments, so
+bit for bit `nvfp4_linear`'s.
+
+Prompts too: a prefill forward is as host-bound as a decode step on a small model, and
+`nvfp4_linear` took ~95-120 us of host time a call at 256-2048 tokens on SmolLM2's layers
+against ~20 for `F.linear`; planned, ~40 on the kernels' routes and ~80 on the dequantize
+route (two launches), the GEMM's ~190 unplanned (docs/notes/nvfp4-triton.md, session
+`prompt-plans`).
 
 The weight tensors are read at every call, never copied: changing their values in place
 shows in the next call, as with `nvfp4_linear`.
@@ -28,7 +34,7 @@ import torch
 
 from . import checks
 
-MAX_TOKENS = 64  # planned token counts: decode batches (and short prompts)
+MAX_TOKENS = 16384  # planned token counts: decode batches and prompt chunks
 MAX_PLANS = 256  # signatures kept a weight; past that the plans start over
 
 
@@ -49,7 +55,7 @@ class PreparedLinear:
         self.s2 = checks.as_global_scale(w_global, packed_w.device)
         self.n, self.k = packed_w.shape[0], packed_w.shape[1] * 2
         self._unplanned_linear = unplanned
-        self._plans: dict[tuple, _Plan | None] = {}
+        self._plans: dict[tuple, _Plan | _DequantizePlan | None] = {}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if not (isinstance(x, torch.Tensor) and x.is_cuda and self.packed.is_cuda):
@@ -72,7 +78,7 @@ class PreparedLinear:
     def _unplanned(self, x: torch.Tensor) -> torch.Tensor:
         return self._unplanned_linear(x, self.packed, self.scales, self.s2, self.bias)
 
-    def _plan(self, x: torch.Tensor) -> _Plan | None:
+    def _plan(self, x: torch.Tensor) -> _Plan | _DequantizePlan | None:
         """A plan for x's signature, or None where nvfp4_linear runs (raising its errors
         for a bad x)."""
         checks.check_linear(x, self.packed, self.scales, self.bias)
@@ -86,9 +92,11 @@ class PreparedLinear:
         out = torch.empty((*x.shape[:-1], self.n), dtype=x.dtype, device=x.device)
         out2 = out.view(-1, self.n)
         kernel, cfg = lk.route(x2, self.packed, self.scales, out2)
+        if kernel == "dequantize":
+            return _DequantizePlan(self, x2.shape)
         if kernel == "triton":
             bind = lk.bind
-        elif kernel == "gemv" or (kernel == "small" and cfg.get("X_REGS")):
+        elif kernel in ("gemv", "small", "small_phased"):
             bind = lk._gluon(f"{kernel}_kernel").bind
         else:
             return None
@@ -115,3 +123,22 @@ class _Plan:
         out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         self.launch(x, out)
         return out
+
+
+class _DequantizePlan:
+    """One x signature on the dequantize route (dequantize_route.py): linear_kernels.linear's
+    two calls for it, with x viewed as 2-D as there, so the same bits."""
+
+    def __init__(self, weight: PreparedLinear, x2_shape: torch.Size) -> None:
+        from .triton_impl import dequantize
+
+        self.weight, self.x2_shape, self.dequantize = weight, x2_shape, dequantize
+
+    def first(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        dense = self.dequantize(w.packed, w.scales, w.s2, x.dtype)
+        out = torch.nn.functional.linear(x.view(self.x2_shape), dense, w.bias)
+        return out.view(*x.shape[:-1], w.n)

@@ -348,9 +348,15 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
 
 def bind(x2, packed, scales, s2, bias, out, cfg) -> Launch:
     """launch's call as a Launch taking (x, out) of x2's and out's shape, strides, dtype
-    and alignment. X_REGS configs only: the TMA form's descriptor is made from one x."""
-    assert cfg.get("X_REGS", False), cfg
-    return _LAUNCHES.bind(*_call(x2, packed, scales, s2, bias, out, cfg), x2, out)
+    and alignment; in the TMA form each call makes x's descriptor (x may be given with
+    leading dimensions: it is viewed as x2's shape)."""
+    call = _call(x2, packed, scales, s2, bias, out, cfg)
+    if cfg.get("X_REGS", False):
+        return _LAUNCHES.bind(*call, x2, out)
+    desc = call[1][0]
+    shape, block, layout = tuple(x2.shape), list(desc.block_shape), desc.layout
+    return _LAUNCHES.bind(*call, desc, out, make_x=lambda x: TensorDescriptor.from_tensor(
+        x.view(shape), block, layout))
 
 
 def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:

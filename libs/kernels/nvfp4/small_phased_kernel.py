@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .grid import cdiv
-from .launch_cache import LaunchCache
+from .launch_cache import Launch, LaunchCache
 from .linear_kernels import _DECODE
 from .small_kernel import _decode_to_shared, _load_rows, _store_tokens, layouts, tma_ready
 
@@ -161,6 +161,22 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
 def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, num_warps=4); requires
     fits(M, K, cfg), readable(x2, packed) and unit strides along K."""
+    grid, args, constexprs, options, key, _ = _call(x2, packed, scales, s2, bias, out, cfg)
+    _LAUNCHES(grid, args, constexprs, options, static_key=key)
+    return out
+
+
+def bind(x2, packed, scales, s2, bias, out, cfg) -> Launch:
+    """launch's call as a Launch taking (x, out) of x2's and out's shape, strides, dtype
+    and alignment; each call makes x's descriptor (x may be given with leading
+    dimensions: it is viewed as x2's shape)."""
+    grid, args, constexprs, options, key, make_x = _call(x2, packed, scales, s2, bias, out,
+                                                         cfg)
+    return _LAUNCHES.bind(grid, args, constexprs, options, key, args[0], out, make_x)
+
+
+def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
+    """(grid, runtime args, constexprs, options, static key, x -> its descriptor)."""
     m, k = x2.shape
     n = packed.shape[0]
     bn, w = cfg["BN"], cfg.get("num_warps", 4)
@@ -171,21 +187,23 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     # four chunks took 5.79 us at M = 256 against 6.34 for four copies)
     xr = cfg.get("XR") or x_rows(m)
     assert xr == bm or (m <= xr and xr in (16, 32)), (m, cfg)
+    shape, row_stride = (m, k), x2.stride(0)
     if xr == bm:
-        x3 = x2.as_strided((k // 64, m, 64), (64, x2.stride(0), 1))
-        x_desc = TensorDescriptor.from_tensor(x3, [XC, bm, 64], _BOX_LAYOUT)
+        def make_x(x: torch.Tensor) -> TensorDescriptor:
+            x3 = x.view(shape).as_strided((k // 64, m, 64), (64, row_stride, 1))
+            return TensorDescriptor.from_tensor(x3, [XC, bm, 64], _BOX_LAYOUT)
     else:
-        x_desc = TensorDescriptor.from_tensor(x2, [xr, 64], sw)
+        def make_x(x: torch.Tensor) -> TensorDescriptor:
+            return TensorDescriptor.from_tensor(x.view(shape), [xr, 64], sw)
     words = packed.view(torch.int32)
     has_bias = bias is not None
-    _LAUNCHES(
+    return (
         (cdiv(n, bn), cdiv(m, bm)),
-        (x_desc, words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
+        (make_x(x2), words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
          m, n, words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=XS, XR=xr,
              OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw),
-        dict(num_warps=w), static_key=(has_bias, bn, w, k, xr, x2.dtype))
-    return out
+        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype), make_x)
 
 
 _LAUNCHES = LaunchCache(_phased_kernel)  # a memo of compiled launches, as Triton's own cache
