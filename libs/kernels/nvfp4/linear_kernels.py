@@ -529,14 +529,21 @@ def linear(
         if s2.dtype != torch.float32 or s2.device != x.device:
             s2 = s2.to(device=x.device, dtype=torch.float32)
         kernel, cfg = route(x2, packed, scales, out)
-        if kernel == "dequantize":  # the reference's route: its numerics, bit for bit
-            from .triton_impl import dequantize
-
-            out = torch.nn.functional.linear(x2, dequantize(packed, scales, s2, x.dtype), bias)
+        if kernel == "dequantize":
+            out = dequantize_linear(x2, packed, scales, s2, bias)
         else:
             run = launch if kernel == "triton" else _gluon(f"{kernel}_kernel").launch
             run(x2, packed, scales, s2, bias, out, cfg)
     return out if flat else out.reshape(*x.shape[:-1], n)
+
+
+def dequantize_linear(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
+                      s2: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The dequantize route (dequantize_route.py): reference.linear's computation, the
+    weight dequantized to x2.dtype by the Triton kernel, so its numerics bit for bit."""
+    from .triton_impl import dequantize
+
+    return torch.nn.functional.linear(x2, dequantize(packed, scales, s2, x2.dtype), bias)
 
 
 assert BLOCK == 16  # the kernel hard-codes 16-element blocks (BLOCK_K // 16 scales per row)

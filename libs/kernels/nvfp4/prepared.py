@@ -93,7 +93,7 @@ class PreparedLinear:
         out2 = out.view(-1, self.n)
         kernel, cfg = lk.route(x2, self.packed, self.scales, out2)
         if kernel == "dequantize":
-            return _DequantizePlan(self, x2.shape)
+            return _DequantizePlan(self, x2.shape, lk.dequantize_linear)
         if kernel == "triton":
             bind = lk.bind
         elif kernel in ("gemv", "small", "small_phased"):
@@ -126,19 +126,17 @@ class _Plan:
 
 
 class _DequantizePlan:
-    """One x signature on the dequantize route (dequantize_route.py): linear_kernels.linear's
-    two calls for it, with x viewed as 2-D as there, so the same bits."""
+    """One x signature on the dequantize route (dequantize_route.py): the call
+    linear_kernels.linear makes for it, with x viewed as 2-D as there, so the same bits."""
 
-    def __init__(self, weight: PreparedLinear, x2_shape: torch.Size) -> None:
-        from .triton_impl import dequantize
-
-        self.weight, self.x2_shape, self.dequantize = weight, x2_shape, dequantize
+    def __init__(self, weight: PreparedLinear, x2_shape: torch.Size,
+                 dequantize_linear: Callable[..., torch.Tensor]) -> None:
+        self.weight, self.x2_shape, self.dequantize_linear = weight, x2_shape, dequantize_linear
 
     def first(self, x: torch.Tensor) -> torch.Tensor:
         return self(x)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        dense = self.dequantize(w.packed, w.scales, w.s2, x.dtype)
-        out = torch.nn.functional.linear(x.view(self.x2_shape), dense, w.bias)
+        out = self.dequantize_linear(x.view(self.x2_shape), w.packed, w.scales, w.s2, w.bias)
         return out.view(*x.shape[:-1], w.n)

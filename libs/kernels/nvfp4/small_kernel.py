@@ -342,7 +342,8 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, num_warps, X_REGS=False);
     requires fits(M, K, cfg), readable(x2, packed) (with X_REGS: only packed's part) and
     unit strides along K."""
-    _LAUNCHES(*_call(x2, packed, scales, s2, bias, out, cfg))
+    grid, args, constexprs, options, key, _ = _call(x2, packed, scales, s2, bias, out, cfg)
+    _LAUNCHES(grid, args, constexprs, options, key)
     return out
 
 
@@ -350,17 +351,14 @@ def bind(x2, packed, scales, s2, bias, out, cfg) -> Launch:
     """launch's call as a Launch taking (x, out) of x2's and out's shape, strides, dtype
     and alignment; in the TMA form each call makes x's descriptor (x may be given with
     leading dimensions: it is viewed as x2's shape)."""
-    call = _call(x2, packed, scales, s2, bias, out, cfg)
-    if cfg.get("X_REGS", False):
-        return _LAUNCHES.bind(*call, x2, out)
-    desc = call[1][0]
-    shape, block, layout = tuple(x2.shape), list(desc.block_shape), desc.layout
-    return _LAUNCHES.bind(*call, desc, out, make_x=lambda x: TensorDescriptor.from_tensor(
-        x.view(shape), block, layout))
+    grid, args, constexprs, options, key, make_x = _call(x2, packed, scales, s2, bias, out,
+                                                         cfg)
+    return _LAUNCHES.bind(grid, args, constexprs, options, key, args[0], out, make_x)
 
 
 def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
-    """(grid, runtime args, constexprs, options, static key) of one launch."""
+    """(grid, runtime args, constexprs, options, static key, x -> its descriptor or None
+    where x is passed as itself) of one launch."""
     m, k = x2.shape
     n = packed.shape[0]
     bn, w, x_regs = cfg["BN"], cfg["num_warps"], cfg.get("X_REGS", False)
@@ -370,10 +368,16 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
     bm = 16 * w  # 64 tokens a warpgroup
     wl, acc, sw = layouts(bn, w)
     if x_regs:
-        x_src, xl = x2, x_layout(w)
+        make_x, xl = None, x_layout(w)
     else:
         assert tma_ready(x2), "x must be TMA-readable without X_REGS"
-        x_src, xl = TensorDescriptor.from_tensor(x2, [bm, 64], sw), None
+        shape = tuple(x2.shape)
+
+        def make_x(x: torch.Tensor) -> TensorDescriptor:
+            return TensorDescriptor.from_tensor(x.view(shape), [bm, 64], sw)
+
+        xl = None
+    x_src = x2 if make_x is None else make_x(x2)
     words = packed.view(torch.int32)
     has_bias = bias is not None
     return (
@@ -382,7 +386,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
          m, n, x2.stride(0), words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, OUT_LOG2=_DECODE[x2.dtype][1],
              WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl),
-        dict(num_warps=w), (has_bias, bn, w, k, x2.dtype, x_regs))
+        dict(num_warps=w), (has_bias, bn, w, k, x2.dtype, x_regs), make_x)
 
 
 _LAUNCHES = LaunchCache(_small_kernel)  # a memo of compiled launches, as Triton's own cache
