@@ -55,7 +55,7 @@ def test_bad_weight_raises_at_prepare():
 
 # SmolLM2's fused layers as the engine runs them, and a GEMV layer; token counts of decode
 # batches and of prompts: every route (X_REGS and TMA small kernel, phased kernel, Triton
-# kernel, GEMV, dequantize, and the GEMM, which runs unplanned).
+# kernel, GEMV, dequantize, and the GEMM: planned, split in K, and padding x unplanned).
 GPU_LAYERS = [(960, 576), (576, 576), (3072, 576), (576, 1536), (4096, 4096)]
 GPU_TOKENS = [1, 3, 8, 16, 32, 33, 64, 65, 256, 512, 1024]
 
@@ -112,10 +112,12 @@ def test_gpu_decode_calls_skip_the_launch_cache(monkeypatch):
     (3072, 576, 256, "small"),           # x by TMA
     (576, 1536, 128, "small_phased"),    # x by TMA, in boxes of four chunks
     (576, 1536, 32, "small_phased"),     # one box of 32 token rows
+    (576, 1536, 512, "gemm"),            # x and out by TMA
+    (4096, 4096, 64, "gemm"),            # split K: the stream's shared workspace
 ])
 def test_gpu_prompt_calls_skip_the_launch_cache(monkeypatch, n, k, m, route):
-    """Prompt-sized calls on the TMA routes replay too: a new descriptor for each x, the
-    compiled kernel launched directly, and the result exact."""
+    """Prompt-sized calls on the TMA routes replay too: new descriptors for each x (and
+    the GEMM's out), the compiled kernel launched directly, and the result exact."""
     from libs.kernels.nvfp4 import launch_cache
     from libs.kernels.nvfp4 import linear_kernels as lk
 
@@ -139,13 +141,62 @@ def test_gpu_prompt_calls_skip_the_launch_cache(monkeypatch, n, k, m, route):
 
 @gpu
 @needs_cuda
+def test_gpu_dequantize_route_replays_without_the_jit(monkeypatch):
+    """The dequantize route's plan launches the compiled dequantize directly: after the
+    planning call no call reaches the JIT, and the output is nvfp4_linear's."""
+    from libs.kernels.nvfp4 import linear_kernels as lk
+    from libs.kernels.nvfp4 import triton_impl
+
+    n, k, m = 3072, 576, 512
+    packed, scales, s2 = cuda_weight(n, k, torch.bfloat16, seed=9)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    assert lk.route(x, packed, scales, torch.empty(m, n, device="cuda",
+                                                   dtype=torch.bfloat16))[0] == "dequantize"
+    runs = []
+    kernel = triton_impl._dequantize_kernel
+    original = kernel.run
+    monkeypatch.setattr(kernel, "run", lambda *a, **kw: runs.append(1) or original(*a, **kw))
+    f = prepare_nvfp4_linear(packed, scales, s2, bias)
+    f(x)
+    planned = len(runs)
+    assert planned == 1  # the binding call compiled (or found) the kernel through the JIT
+    for seed in range(3):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16,
+                        generator=torch.Generator(device="cuda").manual_seed(seed))
+        assert torch.equal(f(x), nvfp4_linear(x, packed, scales, s2, bias))
+    assert len(runs) == planned + 3  # nvfp4_linear's three; the prepared calls none
+    packed.view(torch.uint8)[0, 0] ^= 0x77  # the weight is read at each call
+    assert torch.equal(f(x), nvfp4_linear(x, packed, scales, s2, bias))
+
+
+@gpu
+@needs_cuda
+def test_gpu_gemm_calls_that_pad_x_stay_unplanned_and_exact():
+    from libs.kernels.nvfp4 import linear_kernels as lk
+
+    packed, scales, s2 = cuda_weight(4096, 4096, torch.bfloat16, seed=10)
+    f = prepare_nvfp4_linear(packed, scales, s2)
+    for m, planned in ((200, False), (256, True)):
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        kernel, cfg = lk.route(x, packed, scales, torch.empty(m, 4096, device="cuda",
+                                                                dtype=torch.bfloat16))
+        assert kernel == "gemm" and lk._gluon("gemm_kernel").needs_pad(m, cfg) != planned
+        for _ in range(2):
+            assert torch.equal(f(x), nvfp4_linear(x, packed, scales, s2))
+        assert (list(f._plans.values())[-1] is not None) == planned, m
+
+
+@gpu
+@needs_cuda
 def test_gpu_plans_keep_no_input_or_output_alive():
     """A plan keeps the weight's tensors, not the tensors of the call that made it: with
     prompts a plan a chunk length, holding them would pin megabytes a layer."""
     import gc
     import weakref
 
-    for n, k, m in ((3072, 576, 256), (576, 1536, 128), (960, 576, 4)):
+    for n, k, m in ((3072, 576, 256), (576, 1536, 128), (960, 576, 4), (576, 1536, 512),
+                    (3072, 576, 512)):
         packed, scales, s2 = cuda_weight(n, k, torch.bfloat16, seed=8)
         f = prepare_nvfp4_linear(packed, scales, s2)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)

@@ -54,7 +54,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gemm_fragment import acc_layout, decode_fragment, quads, read_step
 from .grid import cdiv
-from .linear_kernels import _DECODE, _tile_counters
+from .launch_cache import Launch, LaunchCache
+from .linear_kernels import _DECODE, _tile_counters, split_workspace
 
 
 @gluon.jit
@@ -364,25 +365,58 @@ def viewable(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
     return all(tma_ready(t) for t in (x2, packed, scales, out))
 
 
+def needs_pad(m: int, cfg: dict) -> bool:
+    """Whether launch copies x into whole token tiles first (see launch)."""
+    return bool(m % cfg["BM"] and cfg.get("PAD_X", cfg["BM"] >= 128))
+
+
 def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias) with cfg = dict(BN, BM, BK, G, STAGES (x
     slots), W_STAGES, SPLIT_K, and optionally X_STEPS (steps per x slot, default 1),
     maxnreg (default 232), PAD_X); requires fits() and viewable()."""
     m, k = x2.shape
-    n = packed.shape[0]
-    bn, bm, bk, g = (cfg[key] for key in ("BN", "BM", "BK", "G"))
-    assert fits(m, k, cfg) and bn == bk == 64, (m, k, cfg)
-    if m % bm and cfg.get("PAD_X", bm >= 128):
+    if needs_pad(m, cfg):
         # Whole token tiles: x boxes reaching past M (TMA fills them with zeros) measured
         # slow in 128- and 256-token tiles (8192 x 28672: M = 80 162 us unpadded against
         # 103 us padded, M = 192 242 against 168) but not in smaller ones (M = 17 in 32:
         # 67 against 72 us). The pad rows' outputs are never stored: they need no values.
-        padded = x2.new_empty(cdiv(m, bm) * bm, k)
+        padded = x2.new_empty(cdiv(m, cfg["BM"]) * cfg["BM"], k)
         padded[:m].copy_(x2)
         x2 = padded
-    x_layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    x_desc = TensorDescriptor.from_tensor(x2, [bm, bk], x_layout)
-    out_desc = TensorDescriptor.from_tensor(out, [bm, bn], x_layout)
+    grid, args, constexprs, options, _, _ = _call(x2, packed, scales, s2, bias, out, cfg,
+                                                  shared_ws=False)
+    _LAUNCHES(grid, args, constexprs, options)
+    return out
+
+
+def bind(x2, packed, scales, s2, bias, out, cfg) -> Launch:
+    """launch's call as a Launch taking (x, out) of x2's and out's shape, strides, dtype
+    and alignment: each call makes x's and out's TMA descriptors. Not for calls that pad
+    x (needs_pad). Its split-K workspace and counters are the current stream's, so the
+    caller keeps one Launch a stream."""
+    assert not needs_pad(x2.shape[0], cfg), cfg
+    grid, args, constexprs, options, make_x, make_out = _call(
+        x2, packed, scales, s2, bias, out, cfg, shared_ws=True)
+    return _LAUNCHES.bind(grid, args, constexprs, options, None, args[0], args[3], make_x,
+                          make_out)
+
+
+def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
+    """(grid, runtime args, constexprs, options, x -> its descriptor, out -> its
+    descriptor) of one launch on an x2 that needs no padding."""
+    m, k = x2.shape
+    n = packed.shape[0]
+    bn, bm, bk, g = (cfg[key] for key in ("BN", "BM", "BK", "G"))
+    assert fits(m, k, cfg) and bn == bk == 64 and not needs_pad(m, cfg), (m, k, cfg)
+    layout = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    x_shape, out_shape = tuple(x2.shape), tuple(out.shape)
+
+    def make_x(x: torch.Tensor) -> TensorDescriptor:
+        return TensorDescriptor.from_tensor(x.view(x_shape), [bm, bk], layout)
+
+    def make_out(y: torch.Tensor) -> TensorDescriptor:
+        return TensorDescriptor.from_tensor(y.view(out_shape), [bm, bn], layout)
+
     # Weight slots: G steps' [BN, G * BK / 8] int32 words, 128-byte swizzled so that the
     # eight rows a warp reads at once fall in different banks; and their [BN, G * BK / 32]
     # int16 scale pairs (16-byte rows at G = 4: a TMA box's minimum).
@@ -396,18 +430,23 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
     grid = (cdiv(n, bn), cdiv(m, bm), split)
     if split > 1:
         tiles = grid[0] * grid[1]
-        ws = torch.empty(split * tiles * bn * bm, dtype=torch.float32, device=x2.device)
+        ws = split_workspace(x2.device, split * tiles * bn * bm, shared_ws)
         cnt = _tile_counters(x2.device, 2 * tiles)
     else:
         ws = cnt = s2  # never read
-    _gemm_kernel[grid](
-        x_desc, w_desc, s_desc, out_desc, s2, bias if bias is not None else out, ws, cnt, n,
-        k // (bk * split),
-        HAS_BIAS=bias is not None, STAGES=cfg["STAGES"], X_STEPS=cfg.get("X_STEPS", 1),
-        W_STAGES=cfg["W_STAGES"],
-        OUT_LOG2=_DECODE[x2.dtype][1], SPLIT_K=split, LOOKAHEAD=cfg.get("LOOKAHEAD", False),
+    # s2 stands in for a missing bias (never read), so a bound launch keeps no output
+    return (
+        grid,
+        (make_x(x2), w_desc, s_desc, make_out(out), s2, bias if bias is not None else s2,
+         ws, cnt, n, k // (bk * split)),
+        dict(HAS_BIAS=bias is not None, STAGES=cfg["STAGES"], X_STEPS=cfg.get("X_STEPS", 1),
+             W_STAGES=cfg["W_STAGES"], OUT_LOG2=_DECODE[x2.dtype][1], SPLIT_K=split,
+             LOOKAHEAD=cfg.get("LOOKAHEAD", False)),
         # 6 warps (4 + two loaders), launched as 8: 232 registers -> 59.4K, one program
         # per SM; 128 -> two
-        num_warps=4, maxnreg=cfg.get("maxnreg", 232),
+        dict(num_warps=4, maxnreg=cfg.get("maxnreg", 232)),
+        make_x, make_out,
     )
-    return out
+
+
+_LAUNCHES = LaunchCache(_gemm_kernel)  # a memo of compiled launches, as Triton's own cache

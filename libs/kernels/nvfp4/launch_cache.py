@@ -77,12 +77,14 @@ class LaunchCache:
         return entry
 
     def bind(self, grid: tuple, args: tuple, constexprs: dict, options: dict,
-             static_key: tuple, x: object, out: object,
-             make_x: Callable[[torch.Tensor], object] | None = None) -> Launch:
+             static_key: tuple | None, x: object, out: object,
+             make_x: Callable[[torch.Tensor], object] | None = None,
+             make_out: Callable[[torch.Tensor], object] | None = None) -> Launch:
         """This call as a `Launch` whose x and out (found in args by identity) are given
-        at each call; make_x, where x's argument is not the tensor itself (a TMA
-        descriptor), makes it from the tensor given."""
-        return Launch(self, grid, args, constexprs, options, static_key, x, out, make_x)
+        at each call; make_x and make_out, where the argument is not the tensor itself (a
+        TMA descriptor), make it from the tensor given."""
+        return Launch(self, grid, args, constexprs, options, static_key, x, out, make_x,
+                      make_out)
 
 
 class Launch:
@@ -95,8 +97,9 @@ class Launch:
     (weights, workspaces, counters, sizes) are the bound ones on every call."""
 
     def __init__(self, cache: LaunchCache, grid: tuple, args: tuple, constexprs: dict,
-                 options: dict, static_key: tuple, x: object, out: object,
-                 make_x: Callable[[torch.Tensor], object] | None = None) -> None:
+                 options: dict, static_key: tuple | None, x: object, out: object,
+                 make_x: Callable[[torch.Tensor], object] | None = None,
+                 make_out: Callable[[torch.Tensor], object] | None = None) -> None:
         self.cache, self.constexprs, self.options = cache, constexprs, options
         self.static_key = static_key
         self.grid = tuple(grid) + (1,) * (3 - len(grid))
@@ -105,7 +108,7 @@ class Launch:
         self.out_at = [i for i, a in enumerate(args) if a is out]
         for i in self.x_at + self.out_at:  # keep no tensor of the binding call alive
             self.args[i] = None
-        self.make_x = make_x
+        self.make_x, self.make_out = make_x, make_out
         self.device = driver.active.get_current_device()
         self.entry: tuple | None = None
 
@@ -114,8 +117,9 @@ class Launch:
         x_arg = x if self.make_x is None else self.make_x(x)
         for i in self.x_at:
             args[i] = x_arg
+        out_arg = out if self.make_out is None else self.make_out(out)
         for i in self.out_at:
-            args[i] = out
+            args[i] = out_arg
         if self.entry is None:
             self.entry = self.cache(self.grid, tuple(args), self.constexprs, self.options,
                                     self.static_key)

@@ -11,16 +11,17 @@ A `PreparedLinear` holds one weight, checked once, and a plan per x signature (s
 strides, dtype, device, 16-byte alignment, stream): the first call with a signature checks x
 as `nvfp4_linear` does (the same errors), routes and binds the kernel's launch
 (launch_cache.Launch); later calls allocate the output and launch the compiled kernel
-(making x's TMA descriptor first where the kernel reads x by TMA). The dequantize route's
-plan calls the Triton dequantize and cuBLAS directly. The GEMM, and more than MAX_TOKENS
-tokens, run `nvfp4_linear` itself. The result is the same kernel on the same arguments, so
+(making x's, and for the GEMM out's, TMA descriptors first where the kernel reads them by
+TMA). The dequantize route's plan launches the compiled Triton dequantize and calls cuBLAS.
+A GEMM call that pads x to whole token tiles, and more than MAX_TOKENS tokens, run
+`nvfp4_linear` itself. The result is the same kernel on the same arguments, so
 bit for bit `nvfp4_linear`'s.
 
 Prompts too: a prefill forward is as host-bound as a decode step on a small model, and
 `nvfp4_linear` took ~95-120 us of host time a call at 256-2048 tokens on SmolLM2's layers
-against ~20 for `F.linear`; planned, ~40 on the kernels' routes and ~80 on the dequantize
-route (two launches), the GEMM's ~190 unplanned (docs/notes/nvfp4-triton.md, session
-`prompt-plans`).
+against ~20 for `F.linear`; planned, ~30-35 on the kernels' routes, the GEMM's included
+(202 unplanned), and ~45 on the dequantize route (two launches; 51-91 with the dequantize
+through the JIT) (docs/notes/nvfp4-triton.md, sessions `prompt-plans` and `gemm-plans`).
 
 The weight tensors are read at every call, never copied: changing their values in place
 shows in the next call, as with `nvfp4_linear`.
@@ -93,13 +94,13 @@ class PreparedLinear:
         out2 = out.view(-1, self.n)
         kernel, cfg = lk.route(x2, self.packed, self.scales, out2)
         if kernel == "dequantize":
-            return _DequantizePlan(self, x2.shape, lk.dequantize_linear)
+            return _DequantizePlan(self, x2)
         if kernel == "triton":
             bind = lk.bind
-        elif kernel in ("gemv", "small", "small_phased"):
-            bind = lk._gluon(f"{kernel}_kernel").bind
+        elif kernel == "gemm" and lk._gluon("gemm_kernel").needs_pad(x2.shape[0], cfg):
+            return None  # x is copied into whole token tiles first: nvfp4_linear does that
         else:
-            return None
+            bind = lk._gluon(f"{kernel}_kernel").bind
         launch = bind(x2, self.packed, self.scales, self.s2, self.bias, out2, cfg)
         return _Plan(launch, out.shape, x.dtype, out)
 
@@ -127,16 +128,19 @@ class _Plan:
 
 class _DequantizePlan:
     """One x signature on the dequantize route (dequantize_route.py): the call
-    linear_kernels.linear makes for it, with x viewed as 2-D as there, so the same bits."""
+    linear_kernels.dequantize_linear makes, with x viewed as 2-D as there, and the Triton
+    dequantize's launch bound once, so the same bits with ~20 us less host work."""
 
-    def __init__(self, weight: PreparedLinear, x2_shape: torch.Size,
-                 dequantize_linear: Callable[..., torch.Tensor]) -> None:
-        self.weight, self.x2_shape, self.dequantize_linear = weight, x2_shape, dequantize_linear
+    def __init__(self, weight: PreparedLinear, x2: torch.Tensor) -> None:
+        from .triton_impl import bind_dequantize
+
+        self.weight, self.x2_shape = weight, x2.shape
+        self.dequantize = bind_dequantize(weight.packed, weight.scales, weight.s2, x2.dtype)
 
     def first(self, x: torch.Tensor) -> torch.Tensor:
         return self(x)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
-        out = self.dequantize_linear(x.view(self.x2_shape), w.packed, w.scales, w.s2, w.bias)
+        out = torch.nn.functional.linear(x.view(self.x2_shape), self.dequantize(), w.bias)
         return out.view(*x.shape[:-1], w.n)
