@@ -394,7 +394,6 @@ def bind(x2, packed, scales, s2, bias, out, cfg) -> Launch:
     and alignment: each call makes x's and out's TMA descriptors. Not for calls that pad
     x (needs_pad). Its split-K workspace and counters are the current stream's, so the
     caller keeps one Launch a stream."""
-    assert not needs_pad(x2.shape[0], cfg), cfg
     grid, args, constexprs, options, make_x, make_out = _call(
         x2, packed, scales, s2, bias, out, cfg, shared_ws=True)
     return _LAUNCHES.bind(grid, args, constexprs, options, None, args[0], args[3], make_x,

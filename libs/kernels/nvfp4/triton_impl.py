@@ -97,18 +97,16 @@ def bind_dequantize(packed: torch.Tensor, scales: torch.Tensor, s2: torch.Tensor
     dequantizes the same weight tensors over and over (the prepared linear's dequantize
     route): the compiled kernel is launched directly, without the JIT's ~20 us of host work
     a call. The tensors are read at each call, so in-place changes show."""
-    out = torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=dtype,
-                      device=packed.device)
-    blocks, n_blocks = _BLOCKS_PER_PROGRAM, scales.numel()
-    assert n_blocks and s2.dtype == torch.float32 and s2.device == packed.device
-    launch = _DEQUANTIZE_LAUNCHES.bind(
-        (cdiv(n_blocks, blocks),), (packed, scales.view(torch.uint8), s2, out, n_blocks),
-        dict(BLOCKS=blocks), dict(num_warps=4), None, None, out)
+    assert scales.numel() and s2.dtype == torch.float32 and s2.device == packed.device
+    out = _dequantized_like(packed, dtype)
+    grid, args, constexprs, options = _dequantize_call(packed, scales, s2, out,
+                                                       _BLOCKS_PER_PROGRAM, num_warps=4)
+    # only out changes between calls: x is None, found nowhere in args
+    launch = _DEQUANTIZE_LAUNCHES.bind(grid, args, constexprs, options, None, None, out)
     del out  # the launch holds none of it; each call has its own
 
     def run() -> torch.Tensor:
-        y = torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=dtype,
-                        device=packed.device)
+        y = _dequantized_like(packed, dtype)
         launch(None, y)
         return y
 
@@ -145,19 +143,26 @@ def _quantize(x, s2, blocks: int, num_warps: int, programs_per_sm: int):
 
 
 def _dequantize(packed, scales, s2, dtype, blocks: int, num_warps: int):
-    out = torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=dtype, device=packed.device)
-    n_blocks = scales.numel()
-    if n_blocks:
-        _dequantize_kernel[(cdiv(n_blocks, blocks),)](
-            packed,
-            scales.view(torch.uint8),
-            s2.to(device=packed.device, dtype=torch.float32),
-            out,
-            n_blocks,
-            BLOCKS=blocks,
-            num_warps=num_warps,
-        )
+    out = _dequantized_like(packed, dtype)
+    if scales.numel():
+        s2 = s2.to(device=packed.device, dtype=torch.float32)
+        grid, args, constexprs, options = _dequantize_call(packed, scales, s2, out, blocks,
+                                                           num_warps)
+        _dequantize_kernel[grid](*args, **constexprs, **options)
     return out
+
+
+def _dequantized_like(packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=dtype,
+                       device=packed.device)
+
+
+def _dequantize_call(packed, scales, s2, out, blocks: int, num_warps: int) -> tuple:
+    """(grid, runtime args, constexprs, options) of one dequantize launch; s2 fp32 on
+    packed's device."""
+    n_blocks = scales.numel()
+    return ((cdiv(n_blocks, blocks),), (packed, scales.view(torch.uint8), s2, out, n_blocks),
+            dict(BLOCKS=blocks), dict(num_warps=num_warps))
 
 
 _DEQUANTIZE_LAUNCHES = LaunchCache(_dequantize_kernel)
