@@ -10,9 +10,10 @@ torch's bf16 F.linear, nvfp4_linear and an empty kernel, in interleaved rounds:
 
 - "TMA read": each program copies its rows' bytes into shared memory by TMA, a ring of
   SLOTS boxes [rows, 256 B] kept in flight, or all of them at once under one barrier where
-  they fit, and does nothing with them. Bytes in flight do
-  not need warps here, so one warp a program is enough; the sweep covers programs per
-  call, rows a program and ring depth.
+  they fit, and does nothing with them. Its mbarrier waits are armed with the byte count
+  of every box (`mbarrier.expect`), so a program ends only after all its bytes landed.
+  Bytes in flight do not need warps here, so one warp a program is enough; the sweep
+  covers programs per call, rows a program and ring depth.
 - the empty kernel: the graph's cost of a launch alone.
 
 The issue's 3x target at M = 1 is torch's time / 3; the table says how much of that a
@@ -132,6 +133,7 @@ def read_calls(qs, reps, rows, slots, out):
 
 
 def floor_shape(n: int, k: int, rounds: int) -> dict:
+    """Every variant on an [n, k] weight at one token, `rounds` interleaved rounds."""
     fp4_bytes = n * k // 2 + n * k // 16
     n_fp4 = max(2, math.ceil(L2_FLUSH_BYTES / fp4_bytes))
     n_bf16 = max(1, math.ceil(L2_FLUSH_BYTES / (n * k * 2)))
