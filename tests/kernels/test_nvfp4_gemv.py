@@ -42,6 +42,15 @@ X_SMEM = [
     dict(BN=64, BM=8, NBYTES=16, SPLIT_K=4, num_warps=4, X_SMEM=True),
     dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8, X_SMEM=True),
 ]
+# fewer rows a program than BN (ROWS: the spare rows re-read the tile's last and are
+# dropped): the pick's 63 and 55 on the staged form, and odd counts elsewhere
+FEWER_ROWS = [
+    dict(X_SMEM[0], ROWS=63),
+    dict(X_SMEM[0], ROWS=55),
+    dict(X_SMEM[1], ROWS=100),
+    dict(CONFIGS[1], ROWS=37),
+    dict(CONFIGS[2], ROWS=127),
+]
 # K in whole chunks of 128 but not whole four-chunk groups per split: uneven splits whose
 # last group is partly masked (the pick for 4096 x 11008 first)
 RAGGED = [
@@ -74,6 +83,25 @@ def test_gemv_staged_x_of_any_chunk_count_matches_exact(cfg, dtype):
     assert ran >= 3, cfg
 
 
+@pytest.mark.parametrize("cfg", FEWER_ROWS, ids=lambda c: "-".join(str(v) for v in c.values()))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gemv_fewer_rows_a_program_match_exact_and_the_full_tiles(cfg, dtype):
+    # N ragged against both BN and ROWS, a bias on one token; then bit-equal to the same
+    # config with full tiles (every output row's sum is computed the same way)
+    shapes = ((1000, 2048, 1), (200, 4096, 3), (130, 8192, 1), (64, 28672, 1))
+    ran = count_exact_on_shapes(gk, cfg, shapes, dtype)
+    assert ran >= 2, cfg
+    full = {key: v for key, v in cfg.items() if key != "ROWS"}
+    packed, scales, s2 = cuda_weight(1000, 8192, dtype, seed=11)
+    x = torch.randn(1, 8192, device=CUDA).to(dtype)
+    outs = []
+    for c in (cfg, full):
+        out = torch.full((1, 1000), float("nan"), device=CUDA, dtype=dtype)
+        gk.launch(x, packed, scales, s2, None, out, c)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+
+
 @pytest.mark.parametrize("cfg", RAGGED, ids=lambda c: f"split{c['SPLIT_K']}-w{c['num_warps']}")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemv_ragged_k_matches_exact(cfg, dtype):
@@ -96,15 +124,15 @@ def test_gemv_every_scale_code_and_byte(cfg, dtype):
     check_linear_exact(out, x, packed, scales, s2, None, dtype)
 
 
-@pytest.mark.parametrize("cfg", [CONFIGS[1], SLICED[0], X_SMEM[0]],
-                         ids=["split", "sliced", "staged-x"])
+@pytest.mark.parametrize("cfg", [CONFIGS[1], SLICED[0], X_SMEM[0], FEWER_ROWS[0]],
+                         ids=["split", "sliced", "staged-x", "fewer-rows"])
 def test_gemv_is_deterministic_and_leaves_counters_clean(cfg):
     outs = repeated_launches(gk, cfg, n=512, k=4096, m=1)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
-@pytest.mark.parametrize("cfg", [CONFIGS[0], SLICED[1], X_SMEM[0]],
-                         ids=["split", "sliced", "staged-x"])
+@pytest.mark.parametrize("cfg", [CONFIGS[0], SLICED[1], X_SMEM[0], FEWER_ROWS[3]],
+                         ids=["split", "sliced", "staged-x", "fewer-rows"])
 def test_gemv_does_not_write_past_m_or_n(cfg):
     m = 1 if cfg.get("SLICES") or cfg.get("X_SMEM") else 3
     packed, scales, s2 = cuda_weight(100, 2048, torch.bfloat16, seed=5)
@@ -160,8 +188,11 @@ def test_fits_and_pick_config():
     assert not gk.fits(9, 4096, cfg)  # more tokens than the MMA's N
     assert not gk.fits(1, 1024, cfg)  # K not four chunks per split
     # one token elsewhere: x staged, 64 rows on 4 warps, about four programs per SM
-    assert gk.pick_config(1, 8192, 28672) == X_SMEM[0]
-    assert gk.pick_config(1, 28672, 8192)["SPLIT_K"] == 1  # 448 programs already
+    # with fewer rows where some SMs would get four programs and others three
+    assert gk.pick_config(1, 8192, 28672) == dict(X_SMEM[0], ROWS=63)  # 524 programs
+    assert gk.pick_config(1, 28672, 8192) == dict(X_SMEM[0], SPLIT_K=1, ROWS=55)  # 522
+    assert "ROWS" not in gk.pick_config(1, 24576, 8192)  # 384 programs: three at most
+    assert "ROWS" not in gk.pick_config(1, 4096, 14336)  # 256 programs
     assert gk.pick_config(1, 4096, 14336) == X_SMEM[0]  # past K = 8192: no slices
     assert "X_SMEM" not in gk.pick_config(1, 28672, 28672)  # 224 chunks: x not staged
     assert gk.pick_config(2, 8192, 28672) == dict(BN=128, BM=8, NBYTES=16, SPLIT_K=4,
@@ -180,8 +211,8 @@ def test_fits_and_pick_config():
     assert gk.pick_config(1, 2048, 6144) == SLICED[1]  # nor is 6144; 16 rows under 3072
     assert gk.pick_config(1, 3072, 6144) == SLICED[1]  # 16 rows: slices of three groups
     # K = 8192: staged x split 8 ways or more beats the slices
-    assert gk.pick_config(1, 4096, 8192) == dict(X_SMEM[0], SPLIT_K=8)
-    assert gk.pick_config(1, 2048, 8192) == dict(X_SMEM[0], SPLIT_K=16)
+    assert gk.pick_config(1, 4096, 8192) == dict(X_SMEM[0], SPLIT_K=8, ROWS=63)
+    assert gk.pick_config(1, 2048, 8192) == dict(X_SMEM[0], SPLIT_K=16, ROWS=63)
     assert gk.pick_config(1, 4096, 6144) == SLICED[1]  # staged x would split only 4 ways
     assert "SLICES" not in gk.pick_config(1, 8192, 8192)  # 512 programs: split K
     assert "SLICES" not in gk.pick_config(2, 4096, 4096)

@@ -252,6 +252,8 @@ def _gemv_kernel(
     M, N, stride_xm, stride_w, stride_s, stride_om,  # w in int32 words, s in int16 pairs
     k_iters,  # K chunks (of 8 * NBYTES elements) per split or slice, a multiple of 4;
     # with RAGGED, the chunks of all K (the splits then differ by up to one chunk)
+    tile_rows,  # weight rows a program writes: BN, or fewer without SLICES (see ROWS in
+    # pick_config); its BN - tile_rows spare rows re-read its last row and are not stored
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, NBYTES: gl.constexpr,
     SPLIT_K: gl.constexpr, SLICES: gl.constexpr, RAGGED: gl.constexpr,
     OUT_LOG2: gl.constexpr,
@@ -278,10 +280,10 @@ def _gemv_kernel(
     k_len = k_iters * XS  # K elements per slice
     # Rows past N re-read row N - 1 and tokens past M re-read token M - 1 (neither is
     # stored), so the loop's loads need no masks.
-    rows, k0 = _rows_and_k0(pid_n, k_start, k_len, N, BN, SLICES, WL)
+    rows, k0 = _rows_and_k0(pid_n, tile_rows, k_start, k_len, N, BN, SLICES, WL)
     w_ptrs = (w_ptr + rows[:, None].to(gl.int64) * stride_w + (k0 // 8)[:, None]
               + gl.arange(0, WS, layout=gl.SliceLayout(0, WL))[None, :])
-    srows, sk0 = _rows_and_k0(pid_n, k_start, k_len, N, BN, SLICES, SL)
+    srows, sk0 = _rows_and_k0(pid_n, tile_rows, k_start, k_len, N, BN, SLICES, SL)
     s_ptrs = (s_ptr + srows[:, None].to(gl.int64) * stride_s + (sk0 // 32)[:, None]
               + gl.arange(0, SS, layout=gl.SliceLayout(0, SL))[None, :])
     toks = gl.arange(0, BM, layout=gl.SliceLayout(1, XL))
@@ -343,8 +345,8 @@ def _gemv_kernel(
     acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
 
     if SLICES == 1:
-        _finish(acc, pid_n, pid_k, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, N, M,
-                stride_om, HAS_BIAS, BN, BM, SPLIT_K, OUT_LOG2, MMA)
+        _finish(acc, pid_n, pid_k, tile_rows, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr,
+                N, M, stride_om, HAS_BIAS, BN, BM, SPLIT_K, OUT_LOG2, MMA)
     else:
         _finish_slices(acc, pid_n, s2_ptr, bias_ptr, out_ptr, N, HAS_BIAS, BN, SLICES,
                        OUT_LOG2, MMA)
@@ -425,15 +427,18 @@ def _load(ptrs, chunk, end, RAGGED: gl.constexpr, EVICT: gl.constexpr = _NO_HINT
 
 
 @gluon.jit
-def _rows_and_k0(pid_n, k_start, k_len, N, BN: gl.constexpr, SLICES: gl.constexpr,
-                 L: gl.constexpr):
+def _rows_and_k0(pid_n, tile_rows, k_start, k_len, N, BN: gl.constexpr,
+                 SLICES: gl.constexpr, L: gl.constexpr):
     """For each of the tile's BN rows (layout L): the weight row it reads and its first K
-    index. Without slices, rows pid_n * BN + i from k_start (the split's). With SLICES, row i
-    is weight row 16 (i // (16 SLICES)) + i % 16 of the program's BN / SLICES and reads K
-    slice (i // 16) % SLICES: each warp's 16 rows are one slice."""
+    index. Without slices, rows pid_n * tile_rows + i from k_start (the split's), the
+    spare rows i >= tile_rows re-reading the tile's last (the same addresses as a
+    neighbouring lane's, so no extra DRAM bytes). With SLICES, row i is weight row
+    16 (i // (16 SLICES)) + i % 16 of the program's BN / SLICES and reads K slice
+    (i // 16) % SLICES: each warp's 16 rows are one slice."""
     i = gl.arange(0, BN, layout=gl.SliceLayout(1, L))
     if SLICES == 1:
-        return gl.minimum(pid_n * BN + i, N - 1), i * 0 + k_start
+        row = pid_n * tile_rows + gl.minimum(i, tile_rows - 1)
+        return gl.minimum(row, N - 1), i * 0 + k_start
     else:
         row = pid_n * (BN // SLICES) + (i // (16 * SLICES)) * 16 + i % 16
         return gl.minimum(row, N - 1), ((i // 16) % SLICES) * k_len
@@ -465,12 +470,13 @@ def _finish_slices(acc, pid_n, s2_ptr, bias_ptr, out_ptr, N, HAS_BIAS: gl.conste
 
 
 @gluon.jit
-def _finish(acc, pid_n, pid_k, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, N, M, stride_om,
-            HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, SPLIT_K: gl.constexpr,
-            OUT_LOG2: gl.constexpr, L: gl.constexpr):
-    """Write this program's [BN, BM] sums (layout L), or (split K) add them to the other
-    splits' first."""
-    out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, L))
+def _finish(acc, pid_n, pid_k, tile_rows, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt_ptr, N, M,
+            stride_om, HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr,
+            SPLIT_K: gl.constexpr, OUT_LOG2: gl.constexpr, L: gl.constexpr):
+    """Write this program's [tile_rows, BM] sums (layout L; the spare rows past tile_rows
+    are dropped), or (split K) add them to the other splits' first."""
+    i = gl.arange(0, BN, layout=gl.SliceLayout(1, L))
+    out_rows = gl.where(i < tile_rows, pid_n * tile_rows + i, N)  # row N: masked out
     out_toks = gl.arange(0, BM, layout=gl.SliceLayout(0, L))
     if SPLIT_K == 1:
         _store(acc, out_rows, out_toks, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
@@ -521,7 +527,8 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
       2048 x 8192 7.18 against 7.19; at 6144 it splits 4 ways and is slower: 4096 x 6144
       9.04 against 8.70, 2048 x 6144 7.31 against 6.68;
     - other single tokens: x staged in shared memory (X_SMEM), 64 rows on 4 warps a
-      program, K split until there are about four programs per SM. Against the form
+      program, K split until there are about four programs per SM, and fewer rows a
+      program where that evens out the SMs (_even_rows). Against the form
       before it (128 rows, 8 warps, x from global memory; three interleaved rounds, us):
       8192 x 28672 41.1 against 45.6, 28672 x 8192 43.0 against 47.1, 8192 x 8192 15.8
       against 17.3, 14336 x 4096 14.9 against 16.4, 4096 x 14336 16.6 against 17.7
@@ -551,13 +558,32 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
                 if fits(m, k, cfg):
                     return cfg
         if staged is not None:
-            return staged
+            return _even_rows(staged, n, sms)
     cfg = dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8)
     if not fits(m, k, cfg):
         cfg["RAGGED"] = True  # e.g. K = 11008, 86 chunks: uneven splits
         if not fits(m, k, cfg):
             return None
     return _split(cfg, m, n, k, 2 * sms)
+
+
+def _even_rows(cfg: dict, n: int, sms: int) -> dict:
+    """cfg with ROWS (fewer weight rows a program than its BN) where its grid puts four
+    programs on some SMs and three on others: the grid then fills all four slots of every
+    SM (4 x 64 rows of registers a SM) with programs of fewer bytes each, which leaves the
+    busiest SMs less to read. The spare rows are decoded and dropped, so where no SM had
+    four programs this adds work: never there. Bit-equal outputs (each output row's sum is
+    the same); one H200, five interleaved rounds, us (docs/notes/nvfp4-triton.md, session
+    `read-floor`): 28672 x 8192 40.8 against 42.1 (448 -> 522 programs, 55 rows), 26624 x
+    8192 40.5 against 41.8, 14336 x 4096 14.1 against 14.4, 8192 x 14336 21.9 against 22.2,
+    8192 x 28672 39.1 against 39.2 (512 -> 524, 63 rows); from three programs a SM to four
+    it lost 12-21% (24576 x 8192 with 47 rows 40.7 against 34.4)."""
+    programs = cdiv(n, cfg["BN"]) * cfg["SPLIT_K"]
+    if 3 * sms < programs < 4 * sms:
+        rows = cdiv(n, 4 * sms // cfg["SPLIT_K"])
+        if rows < cfg["BN"]:
+            cfg["ROWS"] = rows
+    return cfg
 
 
 def _split(cfg: dict, m: int, n: int, k: int, programs: int) -> dict | None:
@@ -600,8 +626,8 @@ def fits(m: int, k: int, cfg: dict) -> bool:
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, BM, NBYTES, SPLIT_K,
-    num_warps, optional SLICES, RAGGED, X_SMEM); requires fits(M, K, cfg) and unit strides
-    along K."""
+    num_warps, optional SLICES, RAGGED, X_SMEM, ROWS); requires fits(M, K, cfg) and unit
+    strides along K."""
     _LAUNCHES(*_call(x2, packed, scales, s2, bias, out, cfg, shared_ws=False))
     return out
 
@@ -621,15 +647,17 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
     bn, bm, nbytes, split, w = (cfg[key] for key in ("BN", "BM", "NBYTES", "SPLIT_K",
                                                      "num_warps"))
     slices = cfg.get("SLICES", 1)
+    rows = cfg.get("ROWS", bn)  # weight rows a program writes
     assert fits(m, k, cfg), (m, k, cfg)
     assert slices == 1 or (split == 1 and bn % (16 * slices) == 0 and slices in (2, 4, 8)
-                           and slices == w), cfg
+                           and slices == w and rows == bn), cfg
+    assert 0 < rows <= bn, cfg
     ragged = cfg.get("RAGGED", False)
     # chunks per split or slice, a multiple of 4 (fits()); RAGGED: chunks of all K
     k_iters = k // (8 * nbytes) if ragged else k // (8 * nbytes * split * slices)
     x_smem = cfg.get("X_SMEM", False)
     kcs = 1 << (k_iters - 1).bit_length() if x_smem else 4  # x's chunks, a power of two
-    grid = (cdiv(n, bn // slices), split)
+    grid = (cdiv(n, rows // slices), split)
     if split > 1:
         ws = split_workspace(x2.device, split * grid[0] * bn * bm, shared_ws)
         cnt = _tile_counters(x2.device, grid[0])
@@ -642,7 +670,8 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
     return (
         grid,
         (x2, words, pairs, s2, bias if has_bias else out, out, ws, cnt,
-         m, n, x2.stride(0), words.stride(0), pairs.stride(0), out.stride(0), k_iters),
+         m, n, x2.stride(0), words.stride(0), pairs.stride(0), out.stride(0), k_iters,
+         rows),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, NBYTES=nbytes, SPLIT_K=split, SLICES=slices,
              RAGGED=ragged, OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma,
              X_SMEM=x_smem, KCS=kcs),
