@@ -569,12 +569,12 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
 
 def _even_rows(cfg: dict, n: int, sms: int) -> dict:
     """cfg with ROWS (fewer weight rows a program than its BN) where its grid puts four
-    programs on some SMs and three on others: the grid then fills all four slots of every
-    SM (4 x 64 rows of registers a SM) with programs of fewer bytes each, which leaves the
-    busiest SMs less to read. The spare rows are decoded and dropped, so where no SM had
-    four programs this adds work: never there. Bit-equal outputs (each output row's sum is
-    the same); one H200, five interleaved rounds, us (docs/notes/nvfp4-triton.md, session
-    `read-floor`): 28672 x 8192 40.8 against 42.1 (448 -> 522 programs, 55 rows), 26624 x
+    programs on some SMs and three on others: the grid then fills all four program slots
+    of every SM with programs of fewer bytes each, so the busiest SMs read less. The spare
+    rows are still decoded (and dropped), so where no SM had four programs this would add
+    work, and the rule leaves those grids alone. Bit-equal outputs (each output row's sum
+    is the same); one H200, five interleaved rounds, us (docs/notes/nvfp4-triton.md,
+    session `read-floor`): 28672 x 8192 40.8 against 42.1 (448 -> 522 programs, 55 rows), 26624 x
     8192 40.5 against 41.8, 14336 x 4096 14.1 against 14.4, 8192 x 14336 21.9 against 22.2,
     8192 x 28672 39.1 against 39.2 (512 -> 524, 63 rows); from three programs a SM to four
     it lost 12-21% (24576 x 8192 with 47 rows 40.7 against 34.4)."""
