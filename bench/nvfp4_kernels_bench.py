@@ -1,6 +1,7 @@
 """Benchmark the Triton NVFP4 kernels on one CUDA GPU: prints a table, writes JSON.
 
-    python -m bench.nvfp4_kernels_bench [--out DIR] [--quick] [--tune] [--stream-baseline F]
+    python -m bench.nvfp4_kernels_bench [--out DIR] [--quick] [--tune] [--rounds R]
+                                        [--stream-baseline F]
 
 What is measured (all in one run, so the ceilings and the kernels share the card's state):
 - Copy ceiling: `dst.copy_(src)` of 1 GiB, bytes read + written.
@@ -16,7 +17,11 @@ Each graph holds R back-to-back calls, so the time per call includes the launch 
 decode step would see inside a graph, but not Python's launch cost. For the linears, the R
 calls cycle over enough distinct weight copies (>= 3x the 60 MB L2 of an H200 per graph) that
 every call streams its weights from HBM, as in a real model where each layer's weights are
-read once per step; without that, small weights would be timed from L2.
+read once per step; without that, small weights would be timed from L2. With --rounds R each
+linear row is timed R times, torch and nvfp4 alternating: torch's own time moves by a few
+percent between runs on these machines (8192x28672 at M = 1: 112-130 us over the sessions),
+so a single pair can land on either side of a target; the table then gives the medians and
+the range of the per-round speedups.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import time
 
 import torch
 
+from bench.rounds import interleaved
 from libs.kernels.nvfp4 import linear_kernels as lk
 from libs.kernels.nvfp4 import reference, triton_impl
 
@@ -187,7 +193,7 @@ def weight_copies(n: int, k: int, count: int):
     return ws, qs
 
 
-def linear_bench(shapes, ms_list, results: dict, tune: bool) -> list[str]:
+def linear_bench(shapes, ms_list, results: dict, tune: bool, rounds: int = 1) -> list[str]:
     rows = []
     for label, n, k in shapes:
         bf16_bytes = n * k * 2
@@ -204,18 +210,23 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool) -> list[str]:
             y_ref = reference.linear(x, qs[0][0], qs[0][1], qs[0][2], None)
             rel = ((y.float() - y_ref.float()).norm() / y_ref.float().norm()).item()
             assert rel < 1e-2, (label, m, rel)
-            t_bf16 = graph_time_ms([
-                (lambda w=ws[i % n_bf16], x=x: torch.nn.functional.linear(x, w))
-                for i in range(reps_per_graph)])
-            t_fp4 = graph_time_ms([
-                (lambda q=qs[i % n_fp4], x=x: triton_impl.linear(x, q[0], q[1], q[2], None))
-                for i in range(reps_per_graph)])
+            call_lists = [
+                [(lambda w=ws[i % n_bf16], x=x: torch.nn.functional.linear(x, w))
+                 for i in range(reps_per_graph)],
+                [(lambda q=qs[i % n_fp4], x=x: triton_impl.linear(x, q[0], q[1], q[2], None))
+                 for i in range(reps_per_graph)]]
+            if BASELINE is not None:
+                call_lists.append(
+                    [(lambda q=qs[i % n_fp4], x=x: BASELINE.linear(x, q[0], q[1], q[2], None))
+                     for i in range(reps_per_graph)])
+            timers = [(lambda calls=calls: graph_time_ms(calls)) for calls in call_lists]
+            per_round = interleaved(timers, rounds)
+            t_bf16, t_fp4 = (statistics.median(ts) for ts in per_round[:2])
             base_txt, t_base = "", None
             if BASELINE is not None:
-                t_base = graph_time_ms([
-                    (lambda q=qs[i % n_fp4], x=x: BASELINE.linear(x, q[0], q[1], q[2], None))
-                    for i in range(reps_per_graph)])
+                t_base = statistics.median(per_round[2])
                 base_txt = f" {t_base * 1e3:8.1f} us (baseline) |"
+            ratios = sorted(b / f for b, f in zip(*per_round[:2], strict=True))
             kernel, cfg = lk.route(x, qs[0][0], qs[0][1], torch.empty(m, n, device="cuda",
                                                                    dtype=x.dtype))
             gbs = (fp4_bytes + m * k * 2 + m * n * 2) / t_fp4 / 1e6
@@ -224,12 +235,18 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool) -> list[str]:
                          rel_err=rel)
             if t_base is not None:
                 entry["baseline_us"] = t_base * 1e3
+            if rounds > 1:
+                entry["rounds"] = dict(bf16_us=[t * 1e3 for t in per_round[0]],
+                                       nvfp4_us=[t * 1e3 for t in per_round[1]],
+                                       speedup_min=ratios[0], speedup_max=ratios[-1])
             if tune and m in TUNE_M and (m < 64 or n * k >= 4096 * 4096):
                 entry["tune"] = tune_configs(x, qs, n_fp4, reps_per_graph, m, n, k)
             results["linear"].append(entry)
             rows.append(f"| {label} | {n}x{k} | {m:3d} | {t_bf16 * 1e3:8.1f} us "
                         f"| {t_fp4 * 1e3:8.1f} us | {t_bf16 / t_fp4:5.2f}x | {gbs:6.0f} GB/s "
-                        f"| {kernel} |" + base_txt)
+                        f"| {kernel} |" + base_txt
+                        + (f" {ratios[0]:.2f}x-{ratios[-1]:.2f}x over {rounds} rounds |"
+                           if rounds > 1 else ""))
         del ws, qs
         torch.cuda.empty_cache()
     return rows
@@ -384,6 +401,9 @@ def main(argv=None) -> int:
                     help="token counts of the linear rows (the targets are at 1 and 256; "
                          "512 and more show long prompts)")
     ap.add_argument("--baseline", default="", help="another linear_kernels.py to time too")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time each linear row this many times, torch and nvfp4 alternating; "
+                         "the table gives medians and the range of the per-round speedups")
     ap.add_argument("--stream-baseline", default="",
                     help="another triton_impl.py whose quantize/dequantize are timed too")
     args = ap.parse_args(argv)
@@ -424,7 +444,7 @@ def main(argv=None) -> int:
     if args.stream_only:
         shapes = []
     ms_list = [int(v) for v in args.ms.split(",")]
-    linear_rows = linear_bench(shapes, ms_list, results, args.tune)
+    linear_rows = linear_bench(shapes, ms_list, results, args.tune, args.rounds)
     results["seconds"] = time.time() - t0
 
     os.makedirs(args.out, exist_ok=True)
@@ -437,8 +457,10 @@ def main(argv=None) -> int:
     print("|---|---|---|---|---|---|")
     print("\n".join(stream_rows))
     print("\nLinear: W is [N, K] (N outputs, K inputs), x is [M, K] bf16; per call, CUDA graph")
-    print("| shape | N x K | M | torch bf16 | nvfp4 | speedup | nvfp4 bytes/s | kernel |")
-    print("|---|---|---|---|---|---|---|---|")
+    extra = ((" baseline |" if args.baseline else "")
+             + (" speedup per round |" if args.rounds > 1 else ""))
+    print("| shape | N x K | M | torch bf16 | nvfp4 | speedup | nvfp4 bytes/s | kernel |" + extra)
+    print("|---|---|---|---|---|---|---|---|" + "---|" * extra.count("|"))
     print("\n".join(linear_rows))
     for t in results["stream_tune"]:
         print(f"tune {t['op']} {t['dtype']}: blocks={t['blocks']} warps={t['warps']} "
