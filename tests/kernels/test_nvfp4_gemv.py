@@ -152,13 +152,43 @@ def test_gemv_loads_only_the_weight_words_evict_first(cfg):
     m = 1 if cfg.get("SLICES") or cfg.get("X_SMEM") else 3
     k = 128 * 4 * 3 if cfg.get("RAGGED") else 4096
     count_exact_on_shapes(gk, cfg, ((256, k, m),), torch.bfloat16)
-    ptx = [compiled.asm["ptx"] for compiled, _ in gk._LAUNCHES.entries.values()]
-    assert ptx
-    for text in ptx:
-        loads = [line for line in text.splitlines() if "ld.global" in line]
+    entries = gk._LAUNCHES.entries.items()
+    assert entries
+    # launch()'s static key ends with (.., pf, x_smem, kcs); this config without PF takes
+    # L2_PREFETCH, or no hint where its loads are masked (RAGGED)
+    assert any(key[-3] == (0 if cfg.get("RAGGED") else gk.L2_PREFETCH)
+               for (_, key, _), _ in entries)
+    for (_, key, _), (compiled, _) in entries:
+        loads = [line for line in compiled.asm["ptx"].splitlines() if "ld.global" in line]
         marked = [line for line in loads if "evict_first" in line]
         assert len(marked) >= 8 and all(".v4.b32" in line for line in marked), marked
         assert not any(".b16" in line for line in marked)  # the scale pairs
+        hinted = [line for line in marked if f".L2::{key[-3]}B." in line]
+        assert len(hinted) == (len(marked) if key[-3] else 0), marked
+
+
+@pytest.mark.parametrize("pf", [64, 128, 256])
+@pytest.mark.parametrize("cfg", [CONFIGS[1], SLICED[0], FEWER_ROWS[0], CONFIGS[6]],
+                         ids=["split", "sliced", "staged-x-rows", "16-tokens"])
+def test_gemv_l2_prefetch_hint_is_on_the_word_loads_and_changes_no_bit(cfg, pf):
+    """PF puts an L2 prefetch size on the 16-byte word loads (_load_words' inline PTX; a
+    config without PF takes L2_PREFETCH): the same words into the same registers, so
+    outputs bit-equal to the plain loads' (PF 0)."""
+    m = 1 if cfg.get("SLICES") or cfg.get("X_SMEM") else 5
+    hinted = dict(cfg, PF=pf)
+    assert count_exact_on_shapes(gk, hinted, ((256, 4096, m), (200, 8192, m)),
+                                 torch.bfloat16) == 2
+    packed, scales, s2 = cuda_weight(300, 4096, torch.float16, seed=3)
+    x = torch.randn(m, 4096, device=CUDA, dtype=torch.float16)
+    plain = gk.launch(x, packed, scales, s2, None,
+                      torch.empty(m, 300, device=CUDA, dtype=x.dtype), dict(cfg, PF=0))
+    out = gk.launch(x, packed, scales, s2, None,
+                    torch.empty(m, 300, device=CUDA, dtype=x.dtype), hinted)
+    assert torch.equal(out, plain)
+    ptx = [compiled.asm["ptx"] for (_, key, _), (compiled, _) in gk._LAUNCHES.entries.items()
+           if key[-3] == pf]  # launch()'s static key ends with (.., pf, x_smem, kcs)
+    hint = f"ld.global.L1::evict_first.L2::{pf}B.v4.b32"
+    assert ptx and all(text.count(hint) >= 8 for text in ptx)
 
 
 @pytest.mark.parametrize("cfg", X_SMEM, ids=["split4", "split1"])

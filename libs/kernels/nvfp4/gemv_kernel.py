@@ -260,6 +260,7 @@ def _gemv_kernel(
     WL: gl.constexpr, SL: gl.constexpr, XL: gl.constexpr, MMA: gl.constexpr,
     X_SMEM: gl.constexpr = False, KCS: gl.constexpr = 4,  # one token: x in shared memory,
     # KCS chunks of it allocated (k_iters rounded up to a power of two)
+    PF: gl.constexpr = 0,  # the word loads' L2 prefetch size in bytes (0: no hint)
 ):
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
@@ -303,13 +304,13 @@ def _gemv_kernel(
     # shared memory with X_SMEM, else from L1: every program with this split reads the same
     # x). c is the first chunk of the group being multiplied, n of the group being loaded.
     acc = gl.zeros([BN, BM], gl.float32, MMA)
-    w0 = _load_words(w_ptrs, c, end, RAGGED)
+    w0 = _load_words(w_ptrs, c, end, RAGGED, PF)
     sc0 = _load(s_ptrs, c, end, RAGGED)
-    w1 = _load_words(w_ptrs + WS, c + 1, end, RAGGED)
+    w1 = _load_words(w_ptrs + WS, c + 1, end, RAGGED, PF)
     sc1 = _load(s_ptrs + SS, c + 1, end, RAGGED)
-    w2 = _load_words(w_ptrs + 2 * WS, c + 2, end, RAGGED)
+    w2 = _load_words(w_ptrs + 2 * WS, c + 2, end, RAGGED, PF)
     sc2 = _load(s_ptrs + 2 * SS, c + 2, end, RAGGED)
-    w3 = _load_words(w_ptrs + 3 * WS, c + 3, end, RAGGED)
+    w3 = _load_words(w_ptrs + 3 * WS, c + 3, end, RAGGED, PF)
     sc3 = _load(s_ptrs + 3 * SS, c + 3, end, RAGGED)
     if X_SMEM:
         _wait_x()
@@ -320,20 +321,20 @@ def _gemv_kernel(
         s_ptrs += 4 * SS
         xb = _x_chunk(x_ptrs + XS, x_sm, c + 1, c0, end, RAGGED, XL)
         acc = _mma_step(w0, sc0, xa, acc, WL, MMA)
-        w0 = _load_words(w_ptrs, n, end, RAGGED)
+        w0 = _load_words(w_ptrs, n, end, RAGGED, PF)
         sc0 = _load(s_ptrs, n, end, RAGGED)
         xa = _x_chunk(x_ptrs + 2 * XS, x_sm, c + 2, c0, end, RAGGED, XL)
         acc = _mma_step(w1, sc1, xb, acc, WL, MMA)
-        w1 = _load_words(w_ptrs + WS, n + 1, end, RAGGED)
+        w1 = _load_words(w_ptrs + WS, n + 1, end, RAGGED, PF)
         sc1 = _load(s_ptrs + SS, n + 1, end, RAGGED)
         xb = _x_chunk(x_ptrs + 3 * XS, x_sm, c + 3, c0, end, RAGGED, XL)
         acc = _mma_step(w2, sc2, xa, acc, WL, MMA)
-        w2 = _load_words(w_ptrs + 2 * WS, n + 2, end, RAGGED)
+        w2 = _load_words(w_ptrs + 2 * WS, n + 2, end, RAGGED, PF)
         sc2 = _load(s_ptrs + 2 * SS, n + 2, end, RAGGED)
         x_ptrs += 4 * XS
         xa = _x_chunk(x_ptrs, x_sm, n, c0, end, RAGGED, XL)
         acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
-        w3 = _load_words(w_ptrs + 3 * WS, n + 3, end, RAGGED)
+        w3 = _load_words(w_ptrs + 3 * WS, n + 3, end, RAGGED, PF)
         sc3 = _load(s_ptrs + 3 * SS, n + 3, end, RAGGED)
         c = n
     xb = _x_chunk(x_ptrs + XS, x_sm, c + 1, c0, end, RAGGED, XL)
@@ -403,14 +404,34 @@ def _x_chunk(ptrs, x_sm, chunk, c0, end, RAGGED: gl.constexpr, XL: gl.constexpr)
 
 
 @gluon.jit
-def _load_words(ptrs, chunk, end, RAGGED: gl.constexpr):
+def _load_words(ptrs, chunk, end, RAGGED: gl.constexpr, PF: gl.constexpr = 0):
     """_load for the weight words, marked evict_first: each word is read once, so it should
     not push out of the caches what is read again (the scale sectors, four chunks' loads
     each; x; the split-K partials). Session `evict-first` (H200, same runs): 8192 x 28672
     at M = 1 in 39.0-39.6 against 41.6 us, 28672 x 8192 42.0-43.2 against 43.3-44.6,
     4096 x 4096 (slices) 6.7-6.9 against 7.2-7.3, 8192 x 28672 at M = 8 54.7 against 56.9.
-    The L1 or the L2 hint alone gave the same; the scales marked so too were slower."""
-    return _load(ptrs, chunk, end, RAGGED, "evict_first")
+    The L1 or the L2 hint alone gave the same; the scales marked so too were slower.
+
+    PF (64, 128, 256) adds the L2 prefetch-size qualifier to each 16-byte load (NBYTES 16):
+    L2 then fetches the aligned PF bytes around it from DRAM, the row's next chunks."""
+    if RAGGED or PF == 0:
+        return _load(ptrs, chunk, end, RAGGED, "evict_first")
+    else:
+        if PF == 64:
+            asm: gl.constexpr = _LD_WORDS_64
+        elif PF == 128:
+            asm: gl.constexpr = _LD_WORDS_128
+        else:
+            asm: gl.constexpr = _LD_WORDS_256
+        return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,l,l,l,l", [ptrs], dtype=gl.int32,
+                                         is_pure=False, pack=4)
+
+
+# 16 bytes of words per thread and row (its 4 consecutive registers: pack=4), evict_first in
+# L1, with an L2 prefetch size; volatile, so they stay where the loop issues them
+_LD_WORDS_64 = gl.constexpr("ld.global.L1::evict_first.L2::64B.v4.b32 {$0, $1, $2, $3}, [$4];")
+_LD_WORDS_128 = gl.constexpr("ld.global.L1::evict_first.L2::128B.v4.b32 {$0, $1, $2, $3}, [$4];")
+_LD_WORDS_256 = gl.constexpr("ld.global.L1::evict_first.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];")
 
 
 _NO_HINT = gl.constexpr("")  # gl.load's default eviction policy
@@ -505,6 +526,15 @@ def _finish(acc, pid_n, pid_k, tile_rows, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt
 
 
 X_SMEM_CHUNKS = 64  # x staged per program: at most 16 KB of bf16 at 128 elements a chunk
+# The word loads' L2 prefetch size where a config does not name one (cfg "PF"; 0: none).
+# L2 then brings each row's 128-byte line whole from DRAM, two chunks of that row. Bit-equal
+# outputs; one H200, five interleaved rounds, us, 128 against no hint (torch): 8192 x 28672
+# 38.46 against 39.02 (115.59), 4096 x 4096 6.49 against 6.74 (13.29), 2048 x 8192 7.19
+# against 7.37, 8192 x 8192 14.60 against 14.77, 3072 x 4096 5.98 against 6.11, 28672 x
+# 8192 40.09 against 40.34, 8192 x 28672 at M = 8 54.48 against 54.89, but 4096 x 14336
+# 15.50 against 15.27; 64 and 256 bytes did about as well, 256 worst at 4096 x 4096 M = 4
+# (docs/notes/nvfp4-triton.md, session `ledger`).
+L2_PREFETCH = 128
 
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
@@ -626,7 +656,7 @@ def fits(m: int, k: int, cfg: dict) -> bool:
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, BM, NBYTES, SPLIT_K,
-    num_warps, optional SLICES, RAGGED, X_SMEM, ROWS); requires fits(M, K, cfg) and unit
+    num_warps, optional SLICES, RAGGED, X_SMEM, ROWS, PF); requires fits(M, K, cfg) and unit
     strides along K."""
     _LAUNCHES(*_call(x2, packed, scales, s2, bias, out, cfg, shared_ws=False))
     return out
@@ -653,6 +683,8 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
                            and slices == w and rows == bn), cfg
     assert 0 < rows <= bn, cfg
     ragged = cfg.get("RAGGED", False)
+    pf = cfg.get("PF", 0 if ragged or nbytes != 16 else L2_PREFETCH)
+    assert pf in (0, 64, 128, 256) and (pf == 0 or nbytes == 16), cfg
     # chunks per split or slice, a multiple of 4 (fits()); RAGGED: chunks of all K
     k_iters = k // (8 * nbytes) if ragged else k // (8 * nbytes * split * slices)
     x_smem = cfg.get("X_SMEM", False)
@@ -674,9 +706,9 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
          rows),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, NBYTES=nbytes, SPLIT_K=split, SLICES=slices,
              RAGGED=ragged, OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma,
-             X_SMEM=x_smem, KCS=kcs),
+             X_SMEM=x_smem, KCS=kcs, PF=pf),
         dict(num_warps=w), (has_bias, bn, bm, nbytes, split, slices, ragged, w,
-                            x2.dtype, x_smem, kcs))
+                            x2.dtype, pf, x_smem, kcs))
 
 
 _LAUNCHES = LaunchCache(_gemv_kernel)  # a memo of compiled launches, as Triton's own cache
