@@ -18,10 +18,8 @@ decode step would see inside a graph, but not Python's launch cost. For the line
 calls cycle over enough distinct weight copies (>= 3x the 60 MB L2 of an H200 per graph) that
 every call streams its weights from HBM, as in a real model where each layer's weights are
 read once per step; without that, small weights would be timed from L2. With --rounds R each
-linear row is timed R times, torch and nvfp4 alternating: torch's own time moves by a few
-percent between runs on these machines (8192x28672 at M = 1: 112-130 us over the sessions),
-so a single pair can land on either side of a target; the table then gives the medians and
-the range of the per-round speedups.
+linear row is timed R times, torch and nvfp4 alternating (bench/rounds.py says why); the
+table then gives the medians and the range of the per-round speedups.
 """
 
 from __future__ import annotations

@@ -261,7 +261,7 @@ def _gemv_kernel(
     WL: gl.constexpr, SL: gl.constexpr, XL: gl.constexpr, MMA: gl.constexpr,
     X_SMEM: gl.constexpr = False, KCS: gl.constexpr = 4,  # one token: x in shared memory,
     # KCS chunks of it allocated (k_iters rounded up to a power of two)
-    PF: gl.constexpr = 0,  # the word loads' L2 prefetch size in bytes (0: no hint)
+    WORDS_ASM: gl.constexpr = "",  # the word loads' PTX with an L2 prefetch size (_words_asm)
 ):
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
@@ -305,13 +305,13 @@ def _gemv_kernel(
     # shared memory with X_SMEM, else from L1: every program with this split reads the same
     # x). c is the first chunk of the group being multiplied, n of the group being loaded.
     acc = gl.zeros([BN, BM], gl.float32, MMA)
-    w0 = _load_words(w_ptrs, c, end, RAGGED, PF)
+    w0 = _load_words(w_ptrs, c, end, RAGGED, WORDS_ASM)
     sc0 = _load(s_ptrs, c, end, RAGGED)
-    w1 = _load_words(w_ptrs + WS, c + 1, end, RAGGED, PF)
+    w1 = _load_words(w_ptrs + WS, c + 1, end, RAGGED, WORDS_ASM)
     sc1 = _load(s_ptrs + SS, c + 1, end, RAGGED)
-    w2 = _load_words(w_ptrs + 2 * WS, c + 2, end, RAGGED, PF)
+    w2 = _load_words(w_ptrs + 2 * WS, c + 2, end, RAGGED, WORDS_ASM)
     sc2 = _load(s_ptrs + 2 * SS, c + 2, end, RAGGED)
-    w3 = _load_words(w_ptrs + 3 * WS, c + 3, end, RAGGED, PF)
+    w3 = _load_words(w_ptrs + 3 * WS, c + 3, end, RAGGED, WORDS_ASM)
     sc3 = _load(s_ptrs + 3 * SS, c + 3, end, RAGGED)
     if X_SMEM:
         _wait_x()
@@ -322,20 +322,20 @@ def _gemv_kernel(
         s_ptrs += 4 * SS
         xb = _x_chunk(x_ptrs + XS, x_sm, c + 1, c0, end, RAGGED, XL)
         acc = _mma_step(w0, sc0, xa, acc, WL, MMA)
-        w0 = _load_words(w_ptrs, n, end, RAGGED, PF)
+        w0 = _load_words(w_ptrs, n, end, RAGGED, WORDS_ASM)
         sc0 = _load(s_ptrs, n, end, RAGGED)
         xa = _x_chunk(x_ptrs + 2 * XS, x_sm, c + 2, c0, end, RAGGED, XL)
         acc = _mma_step(w1, sc1, xb, acc, WL, MMA)
-        w1 = _load_words(w_ptrs + WS, n + 1, end, RAGGED, PF)
+        w1 = _load_words(w_ptrs + WS, n + 1, end, RAGGED, WORDS_ASM)
         sc1 = _load(s_ptrs + SS, n + 1, end, RAGGED)
         xb = _x_chunk(x_ptrs + 3 * XS, x_sm, c + 3, c0, end, RAGGED, XL)
         acc = _mma_step(w2, sc2, xa, acc, WL, MMA)
-        w2 = _load_words(w_ptrs + 2 * WS, n + 2, end, RAGGED, PF)
+        w2 = _load_words(w_ptrs + 2 * WS, n + 2, end, RAGGED, WORDS_ASM)
         sc2 = _load(s_ptrs + 2 * SS, n + 2, end, RAGGED)
         x_ptrs += 4 * XS
         xa = _x_chunk(x_ptrs, x_sm, n, c0, end, RAGGED, XL)
         acc = _mma_step(w3, sc3, xb, acc, WL, MMA)
-        w3 = _load_words(w_ptrs + 3 * WS, n + 3, end, RAGGED, PF)
+        w3 = _load_words(w_ptrs + 3 * WS, n + 3, end, RAGGED, WORDS_ASM)
         sc3 = _load(s_ptrs + 3 * SS, n + 3, end, RAGGED)
         c = n
     xb = _x_chunk(x_ptrs + XS, x_sm, c + 1, c0, end, RAGGED, XL)
@@ -405,7 +405,7 @@ def _x_chunk(ptrs, x_sm, chunk, c0, end, RAGGED: gl.constexpr, XL: gl.constexpr)
 
 
 @gluon.jit
-def _load_words(ptrs, chunk, end, RAGGED: gl.constexpr, PF: gl.constexpr = 0):
+def _load_words(ptrs, chunk, end, RAGGED: gl.constexpr, WORDS_ASM: gl.constexpr = ""):
     """_load for the weight words, marked evict_first: each word is read once, so it should
     not push out of the caches what is read again (the scale sectors, four chunks' loads
     each; x; the split-K partials). Session `evict-first` (H200, same runs): 8192 x 28672
@@ -413,26 +413,22 @@ def _load_words(ptrs, chunk, end, RAGGED: gl.constexpr, PF: gl.constexpr = 0):
     4096 x 4096 (slices) 6.7-6.9 against 7.2-7.3, 8192 x 28672 at M = 8 54.7 against 56.9.
     The L1 or the L2 hint alone gave the same; the scales marked so too were slower.
 
-    PF (64, 128, 256) adds the L2 prefetch-size qualifier to each 16-byte load (NBYTES 16):
-    L2 then fetches the aligned PF bytes around it from DRAM, the row's next chunks."""
-    if RAGGED or PF == 0:
+    WORDS_ASM (_words_asm: PF in the config) loads them with an L2 prefetch size instead."""
+    if RAGGED or WORDS_ASM == "":
         return _load(ptrs, chunk, end, RAGGED, "evict_first")
     else:
-        if PF == 64:
-            asm: gl.constexpr = _LD_WORDS_64
-        elif PF == 128:
-            asm: gl.constexpr = _LD_WORDS_128
-        else:
-            asm: gl.constexpr = _LD_WORDS_256
-        return gl.inline_asm_elementwise(asm, "=r,=r,=r,=r,l,l,l,l", [ptrs], dtype=gl.int32,
-                                         is_pure=False, pack=4)
+        return gl.inline_asm_elementwise(WORDS_ASM, "=r,=r,=r,=r,l,l,l,l", [ptrs],
+                                         dtype=gl.int32, is_pure=False, pack=4)
 
 
-# 16 bytes of words per thread and row (its 4 consecutive registers: pack=4), evict_first in
-# L1, with an L2 prefetch size; volatile, so they stay where the loop issues them
-_LD_WORDS_64 = gl.constexpr("ld.global.L1::evict_first.L2::64B.v4.b32 {$0, $1, $2, $3}, [$4];")
-_LD_WORDS_128 = gl.constexpr("ld.global.L1::evict_first.L2::128B.v4.b32 {$0, $1, $2, $3}, [$4];")
-_LD_WORDS_256 = gl.constexpr("ld.global.L1::evict_first.L2::256B.v4.b32 {$0, $1, $2, $3}, [$4];")
+def _words_asm(pf: int) -> str:
+    """The PTX of one thread's 16 bytes of a row's words (its 4 consecutive registers:
+    pack=4), evict_first in L1, with L2 prefetching the aligned pf bytes around them from
+    DRAM (the row's next chunks); "" for gl.load without that (pf 0). Volatile, so the
+    loads stay where the loop issues them."""
+    if pf == 0:
+        return ""
+    return f"ld.global.L1::evict_first.L2::{pf}B.v4.b32 {{$0, $1, $2, $3}}, [$4];"
 
 
 _NO_HINT = gl.constexpr("")  # gl.load's default eviction policy
@@ -707,7 +703,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
          rows),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, NBYTES=nbytes, SPLIT_K=split, SLICES=slices,
              RAGGED=ragged, OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma,
-             X_SMEM=x_smem, KCS=kcs, PF=pf),
+             X_SMEM=x_smem, KCS=kcs, WORDS_ASM=_words_asm(pf)),
         dict(num_warps=w), (has_bias, bn, bm, nbytes, split, slices, ragged, w,
                             x2.dtype, pf, x_smem, kcs))
 
