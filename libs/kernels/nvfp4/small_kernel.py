@@ -227,17 +227,34 @@ def _decode_to_shared(words, scales, SW: gl.constexpr, dtype: gl.constexpr,
 
 @gluon.jit
 def _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om,
-                  HAS_BIAS: gl.constexpr, OUT_LOG2: gl.constexpr):
+                  HAS_BIAS: gl.constexpr, OUT_LOG2: gl.constexpr, WIDE: gl.constexpr):
     """out[tokens, rows] = acc * 2^OUT_LOG2 * s2 (+ bias) for program pid_m's tokens,
-    masked to M and N: each token's rows are contiguous."""
+    masked to M and N: each token's rows are contiguous.
+
+    In the accumulator's layout a thread holds two adjacent rows of a token: 4-byte
+    stores, a warp's store half of a 32-byte sector per token. WIDE moves the scaled tile
+    (through shared memory) to a layout where a thread holds eight, so its 16-byte stores
+    fill their sectors. Bit-equal either way; five interleaved rounds on an H200
+    (docs/notes/nvfp4-triton.md, session `intake`), us, WIDE against not (torch): 1536 x 576
+    at M = 256 4.24 against 4.63 (4.22), 960 x 576 3.48 against 3.79 (3.93), 3072 x 576
+    at M = 128 4.42 against 4.77 (4.40); ties at 64 tokens; at 1-16 tokens (X_REGS) it
+    loses 0.05-0.11 us (the move's barrier on a kernel of ~3 us), so those keep the
+    accumulator's layout. The 16-byte stores need N and the output's row stride to be
+    multiples of 16 (what Triton's specialization can tell); else the compiler splits them."""
     BM: gl.constexpr = acc.shape[0]
-    toks = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, acc.type.layout))
+    BN: gl.constexpr = acc.shape[1]
     y = (acc * (2.0**OUT_LOG2)) * s2  # the power of two is exact
     if HAS_BIAS:
         y += bias[None, :]
+    y = y.to(out_ptr.dtype.element_ty)
+    if WIDE:
+        SL: gl.constexpr = gl.BlockedLayout([1, 8], [256 // BN, BN // 8],
+                                            [gl.num_warps(), 1], [1, 0])
+        y = gl.convert_layout(y, SL)
+        out_rows = gl.convert_layout(out_rows, gl.SliceLayout(0, SL))
+    toks = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, y.type.layout))
     ptrs = out_ptr + toks[:, None].to(gl.int64) * stride_om + out_rows[None, :]
-    gl.store(ptrs, y.to(out_ptr.dtype.element_ty),
-             mask=(toks < M)[:, None] & (out_rows < N)[None, :])
+    gl.store(ptrs, y, mask=(toks < M)[:, None] & (out_rows < N)[None, :])
 
 
 @gluon.jit
@@ -273,7 +290,8 @@ def _small_kernel(
             acc = warpgroup_mma(x_smem.index(c), w_bufs[c].permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.invalidate(x_bar.index(0))
-    _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS, OUT_LOG2)
+    _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS, OUT_LOG2,
+                  not X_REGS)
 
 
 def fits(m: int, k: int, cfg: dict) -> bool:

@@ -118,7 +118,8 @@ def _phased_kernel(
     acc = warpgroup_mma_wait(0, deps=(acc,))
     for s in gl.static_range(XS):
         mbarrier.invalidate(bars.index(s))
-    _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS, OUT_LOG2)
+    _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS, OUT_LOG2,
+                  True)
 
 
 def x_rows(m: int) -> int:
