@@ -263,7 +263,7 @@ def _small_kernel(
     M, N, stride_xm, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
     OUT_LOG2: gl.constexpr, WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr,
-    X_REGS: gl.constexpr, XL: gl.constexpr,
+    X_REGS: gl.constexpr, XL: gl.constexpr, WIDE: gl.constexpr,
 ):
     """out[tokens, rows] for BM tokens (64 a warpgroup: wgmma's A, from x_src, a TMA
     descriptor whose rows past M arrive as zeros, or for X_REGS x's pointer, loaded into
@@ -291,7 +291,7 @@ def _small_kernel(
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.invalidate(x_bar.index(0))
     _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS, OUT_LOG2,
-                  not X_REGS)
+                  WIDE)
 
 
 def fits(m: int, k: int, cfg: dict) -> bool:
@@ -303,6 +303,14 @@ def readable(x2: torch.Tensor, packed: torch.Tensor) -> bool:
     """Whether this kernel can read x and packed as launch views them: packed as int32
     words, and x by TMA past X_REGS_MAX_M tokens (up to there plain loads read any x)."""
     return packed.data_ptr() % 4 == 0 and (x2.shape[0] <= X_REGS_MAX_M or tma_ready(x2))
+
+
+def wide_stores(n: int, out: torch.Tensor) -> bool:
+    """Whether the epilogue takes _store_tokens' 16-byte stores: where Triton's
+    specialization tells the compiler that N and out's row stride are multiples of 16
+    (otherwise the row mask may change within a thread's eight rows and the stores would
+    split into 2-byte ones: not measured, so those keep the accumulator's layout)."""
+    return n % 16 == 0 and out.stride(0) % 16 == 0 and out.data_ptr() % 16 == 0
 
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
@@ -396,6 +404,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
 
         xl = None
     x_src = x2 if make_x is None else make_x(x2)
+    wide = not x_regs and wide_stores(n, out)
     words = packed.view(torch.int32)
     has_bias = bias is not None
     return (
@@ -403,8 +412,8 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
         (x_src, words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
          m, n, x2.stride(0), words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, OUT_LOG2=_DECODE[x2.dtype][1],
-             WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl),
-        dict(num_warps=w), (has_bias, bn, w, k, x2.dtype, x_regs), make_x)
+             WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl, WIDE=wide),
+        dict(num_warps=w), (has_bias, bn, w, k, x2.dtype, x_regs, wide), make_x)
 
 
 _LAUNCHES = LaunchCache(_small_kernel)  # a memo of compiled launches, as Triton's own cache

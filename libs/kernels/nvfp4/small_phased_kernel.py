@@ -40,7 +40,14 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .grid import cdiv
 from .launch_cache import Launch, LaunchCache
 from .linear_kernels import _DECODE
-from .small_kernel import _decode_to_shared, _load_rows, _store_tokens, layouts, tma_ready
+from .small_kernel import (
+    _decode_to_shared,
+    _load_rows,
+    _store_tokens,
+    layouts,
+    tma_ready,
+    wide_stores,
+)
 
 XC = 4  # chunks of 64 K a ring slot
 XS = 3  # ring slots: 3 x 4 x 64 tokens x 64 x 2 bytes = 96 KB of x
@@ -73,7 +80,7 @@ def _phased_kernel(
     M, N, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
     XC: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, OUT_LOG2: gl.constexpr,
-    WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr,
+    WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr, WIDE: gl.constexpr,
 ):
     """out[tokens, rows] for 64 tokens and BN weight rows, as small_kernel's, with x in
     NP phases through the ring."""
@@ -119,7 +126,7 @@ def _phased_kernel(
     for s in gl.static_range(XS):
         mbarrier.invalidate(bars.index(s))
     _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS, OUT_LOG2,
-                  True)
+                  WIDE)
 
 
 def x_rows(m: int) -> int:
@@ -198,13 +205,14 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
             return TensorDescriptor.from_tensor(x.view(shape), [xr, 64], sw)
     words = packed.view(torch.int32)
     has_bias = bias is not None
+    wide = wide_stores(n, out)
     return (
         (cdiv(n, bn), cdiv(m, bm)),
         (make_x(x2), words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
          m, n, words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=XS, XR=xr,
-             OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw),
-        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype), make_x)
+             OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, WIDE=wide),
+        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype, wide), make_x)
 
 
 _LAUNCHES = LaunchCache(_phased_kernel)  # a memo of compiled launches, as Triton's own cache
