@@ -21,6 +21,15 @@ chunk instead of per slot: 4.93-5.13 at 32-192 tokens, 6.34 at 256. Shallower ri
 (3 slots of 2 chunks 5.45-5.47 us at M = 64-128, 2 of 4 5.79), so did 128-token tiles on
 one or two warpgroups (7.0-9.7) and K split across two warpgroups (6.4-8.8).
 
+Where a slot is one box (64-token tiles), x's first XS boxes go out before the weights'
+loads; with 32-row boxes (XC copies a slot, each behind a barrier Triton 3.6 puts before
+every TMA copy) the loads go first, as in small_kernel. Bit-equal either way; seven
+interleaved rounds on an H200 (docs/notes/nvfp4-triton.md, session `register-a`), us, x
+first against loads first (torch): 576 x 1536 at M = 64 / 128 / 256 5.06 / 5.04 / 5.75
+against 5.11 / 5.14 / 5.78 (5.17 / 5.24 / 5.33), 512 x 2048 at M = 256 6.04 against 6.30
+(6.00), 960 x 1536 at M = 128 5.24 against 5.37 (5.30); 1024 x 1024 at M = 256 loses 0.06
+(4.79 against 4.73). At 17-32 tokens x first lost 0.13-0.52 us (two runs).
+
 Numerics equal small_kernel's (the same exact decoded weights, fp32 accumulation, s2 and
 the power of two in the epilogue).
 """
@@ -88,8 +97,12 @@ def _phased_kernel(
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     dtype: gl.constexpr = x_desc.dtype
-    words, scales, out_rows, s2, bias = _load_rows(
-        w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL, ACC)
+    # Which goes out first, x's copies or the weights' loads (see the module doc): the
+    # weights' where a slot is XC copies, each behind a barrier, x's where it is one box.
+    if XR != BM:
+        words, scales, out_rows, s2, bias = _load_rows(
+            w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC,
+            WL, ACC)
     # a slot per allocation in the box's 3D layout, read by wgmma as [BM, 64] tiles
     x_ring = ()
     x_tiles = ()
@@ -109,6 +122,10 @@ def _phased_kernel(
     for s in gl.static_range(XS):
         if s < NP:
             _fill(x_desc, x_ring, bars, s, s, pid_m * BM, XC, XR)
+    if XR == BM:
+        words, scales, out_rows, s2, bias = _load_rows(
+            w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC,
+            WL, ACC)
     w_bufs = _decode_to_shared(words, scales, SW, dtype, False)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
     for p in gl.static_range(NP):
