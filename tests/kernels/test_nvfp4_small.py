@@ -177,3 +177,38 @@ def test_linear_routes_smollm2_layers_here():
     assert lk.route(x_down, wide, wide_scales, out_wide)[0] == "gemm"  # 256 programs
     check_linear_exact(nvfp4_linear(x, packed, scales, s2), x, packed, scales, s2, None,
                        torch.bfloat16)
+
+
+def offset_rows(packed: torch.Tensor, offset: int) -> torch.Tensor:
+    """packed's bytes as a view into a wider buffer whose rows start `offset` bytes in:
+    the same weights, at 16-byte aligned rows (0) or only 4-byte aligned ones (4)."""
+    n, width = packed.shape
+    buf = torch.zeros(n, width + 16, dtype=torch.uint8, device=packed.device)
+    buf[:, offset:offset + width] = packed
+    return buf[:, offset:offset + width]
+
+
+def hinted_word_loads(kernel) -> int:
+    """The L2-prefetching word loads in the one kernel compiled since the entries were
+    cleared."""
+    (compiled, _), = kernel._LAUNCHES.entries.values()
+    return compiled.asm["ptx"].count("ld.global.L2::128B")
+
+
+@pytest.mark.parametrize("offset", [0, 4], ids=["aligned", "offset4"])
+@pytest.mark.parametrize("cfg", CONFIGS + REG_CONFIGS, ids=_name)
+def test_small_word_loads_prefetch_only_where_rows_are_16_byte_aligned(cfg, offset,
+                                                                        monkeypatch):
+    """Rows of words that start 16-byte aligned: each chunk's word loads ask L2 for the
+    128 bytes around them (words_prefetch), one vector load a thread. Rows only 4-byte
+    aligned (a view into a wider buffer) would fault a vector load: plain loads there.
+    Exact either way."""
+    monkeypatch.setattr(sk._LAUNCHES, "entries", {})
+    packed, scales, s2 = cuda_weight(200, 576, torch.bfloat16, seed=7)
+    w = offset_rows(packed, offset)
+    assert (sk.words_prefetch(w) > 0) == (offset == 0)
+    x = torch.randn(70, 576, device=CUDA, dtype=torch.bfloat16)
+    out = torch.empty(70, 200, device=CUDA, dtype=torch.bfloat16)
+    sk.launch(x, w, scales, s2, None, out, cfg)
+    check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
+    assert hinted_word_loads(sk) == (9 if offset == 0 else 0)  # one a chunk of 64

@@ -103,3 +103,24 @@ def test_phased_misaligned_x_goes_to_the_triton_kernel():
     assert lk.route(wide[:, :1536], packed, scales, out)[0] == "small_phased"
     check_linear_exact(nvfp4_linear(x, packed, scales, s2), x, packed, scales, s2, None,
                        torch.bfloat16)
+
+
+@pytest.mark.parametrize("offset", [0, 4], ids=["aligned", "offset4"])
+@pytest.mark.parametrize("cfg", CONFIGS + BOX_CONFIGS[:1],
+                         ids=lambda c: f"bn{c['BN']}-xr{c.get('XR', 64)}")
+def test_phased_word_loads_prefetch_only_where_rows_are_16_byte_aligned(cfg, offset,
+                                                                         monkeypatch):
+    """As small_kernel's (shared _load_rows): L2-prefetching vector loads of the words
+    where their rows start 16-byte aligned, plain loads otherwise; exact either way, with
+    x's boxes issued before the loads (64-token boxes) or after (16-row boxes)."""
+    from .test_nvfp4_small import hinted_word_loads, offset_rows
+
+    monkeypatch.setattr(ph._LAUNCHES, "entries", {})
+    packed, scales, s2 = cuda_weight(200, 1536, torch.bfloat16, seed=13)
+    w = offset_rows(packed, offset)
+    m = cfg.get("XR", 70)
+    x = torch.randn(m, 1536, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(m, 200, device="cuda", dtype=torch.bfloat16)
+    ph.launch(x, w, scales, s2, None, out, cfg)
+    check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
+    assert hinted_word_loads(ph) == (24 if offset == 0 else 0)  # one a chunk of 64

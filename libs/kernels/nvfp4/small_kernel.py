@@ -68,6 +68,7 @@ from .gemm_kernel import tma_ready
 from .gemv_kernel import (
     _SCALE_ASM_BF16,
     _SCALE_ASM_F16,
+    L2_PREFETCH,
     NATURAL_ASM_BF16,
     NATURAL_ASM_F16,
     _halves,
@@ -188,23 +189,64 @@ def _x_by_tma(x_desc, row, KC: gl.constexpr, SW: gl.constexpr):
     return x_smem, bar
 
 
+def words_prefetch(packed: torch.Tensor) -> int:
+    """The word loads' L2 prefetch size in bytes (0: plain loads): L2_PREFETCH where every
+    row's words start 16-byte aligned, so a thread's words go in one vector load."""
+    aligned = packed.data_ptr() % 16 == 0 and packed.stride(0) % 16 == 0
+    return L2_PREFETCH if aligned else 0
+
+
+@gluon.constexpr_function
+def _words_asm(pf, per):
+    """The PTX of one thread's `per` consecutive words of a row (pack=per), with L2
+    prefetching the aligned pf bytes around them from DRAM (the row's next chunks); ""
+    for gl.load (pf 0)."""
+    if pf == 0:
+        return ""
+    regs = ", ".join(f"${i}" for i in range(per))
+    vec = "" if per == 1 else f".v{per}"
+    return f"ld.global.L2::{pf}B{vec}.b32 {{{regs}}}, [${per}];"
+
+
+@gluon.constexpr_function
+def _words_constraints(per):
+    return ",".join(["=r"] * per + ["l"] * per)
+
+
 @gluon.jit
 def _load_rows(w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s,
                HAS_BIAS: gl.constexpr, BN: gl.constexpr, KC: gl.constexpr,
-               WL: gl.constexpr, ACC: gl.constexpr):
+               WL: gl.constexpr, ACC: gl.constexpr, PF: gl.constexpr):
     """Issue every load of program pid_n's BN weight rows: the words and block scale bytes
     of all KC chunks (in WL, all in flight before the first is used), s2 and the bias (in
-    the accumulator's row layout). Returns (words, scales, out_rows, s2, bias)."""
+    the accumulator's row layout). Returns (words, scales, out_rows, s2, bias).
+
+    PF (words_prefetch): the word loads ask L2 to fetch the PF bytes around them, so a
+    row's DRAM reads come in fewer, larger pieces. A program reads its rows' whole K, so
+    nothing fetched goes unused. Bit-equal; five interleaved rounds on an H200
+    (docs/notes/nvfp4-triton.md, session `register-a`), us, PF 128 against plain loads
+    (torch): 576 x 1536 at M = 64 / 256 (small_phased_kernel) 4.93 / 5.65 against 5.07 /
+    5.81 (5.14 / 5.25) with x's boxes also issued first (of which ~0.05 is that), 3072 x
+    576 at M = 64 / 256 3.49 / 5.54 against 3.53 / 5.69 (4.23 / 4.45), 576 x 576 at M =
+    256 3.30 against 3.34 (3.77), 1536 x 576 at M = 256 4.19 against 4.21 (4.18); at one
+    token equal. 256 bytes measured the same."""
     rows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)
     word = gl.arange(0, 8, layout=gl.SliceLayout(0, WL))
     w_ptrs = w_ptr + rows[:, None].to(gl.int64) * stride_w + word[None, :]
     s_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_s + (word // 2)[None, :]
     out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC))
     s2, bias = _load_s2_bias(s2_ptr, bias_ptr, out_rows, N, HAS_BIAS)
+    PER: gl.constexpr = WL.size_per_thread[1]
+    WORDS_ASM: gl.constexpr = _words_asm(PF, PER)
     words = ()
     scales = ()
     for c in gl.static_range(KC):
-        words = words + (gl.load(w_ptrs + c * 8),)
+        if PF == 0:
+            words = words + (gl.load(w_ptrs + c * 8),)
+        else:  # volatile, so the loads stay ahead of everything after them
+            words = words + (gl.inline_asm_elementwise(
+                WORDS_ASM, _words_constraints(PER), [w_ptrs + c * 8], dtype=gl.int32,
+                is_pure=False, pack=PER),)
         scales = scales + (gl.load(s_ptrs + c * 4),)
     return words, scales, out_rows, s2, bias
 
@@ -265,7 +307,7 @@ def _small_kernel(
     M, N, stride_xm, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
     OUT_LOG2: gl.constexpr, WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr,
-    X_REGS: gl.constexpr, XL: gl.constexpr, WIDE: gl.constexpr,
+    X_REGS: gl.constexpr, XL: gl.constexpr, WIDE: gl.constexpr, PF: gl.constexpr,
 ):
     """out[tokens, rows] for BM tokens (64 a warpgroup: wgmma's A, from x_src, a TMA
     descriptor whose rows past M arrive as zeros, or for X_REGS x's pointer, loaded into
@@ -274,7 +316,8 @@ def _small_kernel(
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
     words, scales, out_rows, s2, bias = _load_rows(
-        w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL, ACC)
+        w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL, ACC,
+        PF)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
     if X_REGS:
         dtype: gl.constexpr = x_src.dtype.element_ty
@@ -407,6 +450,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
         xl = None
     x_src = x2 if make_x is None else make_x(x2)
     wide = not x_regs and wide_stores(n, out)
+    pf = words_prefetch(packed)
     words = packed.view(torch.int32)
     has_bias = bias is not None
     return (
@@ -414,8 +458,8 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
         (x_src, words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
          m, n, x2.stride(0), words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, OUT_LOG2=_DECODE[x2.dtype][1],
-             WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl, WIDE=wide),
-        dict(num_warps=w), (has_bias, bn, w, k, x2.dtype, x_regs, wide), make_x)
+             WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl, WIDE=wide, PF=pf),
+        dict(num_warps=w), (has_bias, bn, w, k, x2.dtype, x_regs, wide, pf), make_x)
 
 
 _LAUNCHES = LaunchCache(_small_kernel)  # a memo of compiled launches, as Triton's own cache

@@ -56,6 +56,7 @@ from .small_kernel import (
     layouts,
     tma_ready,
     wide_stores,
+    words_prefetch,
 )
 
 XC = 4  # chunks of 64 K a ring slot
@@ -90,6 +91,7 @@ def _phased_kernel(
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
     XC: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, OUT_LOG2: gl.constexpr,
     WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr, WIDE: gl.constexpr,
+    PF: gl.constexpr,
 ):
     """out[tokens, rows] for 64 tokens and BN weight rows, as small_kernel's, with x in
     NP phases through the ring."""
@@ -102,7 +104,7 @@ def _phased_kernel(
     if XR != BM:
         words, scales, out_rows, s2, bias = _load_rows(
             w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC,
-            WL, ACC)
+            WL, ACC, PF)
     # a slot per allocation in the box's 3D layout, read by wgmma as [BM, 64] tiles
     x_ring = ()
     x_tiles = ()
@@ -125,7 +127,7 @@ def _phased_kernel(
     if XR == BM:
         words, scales, out_rows, s2, bias = _load_rows(
             w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC,
-            WL, ACC)
+            WL, ACC, PF)
     w_bufs = _decode_to_shared(words, scales, SW, dtype, False)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
     for p in gl.static_range(NP):
@@ -223,13 +225,14 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
     words = packed.view(torch.int32)
     has_bias = bias is not None
     wide = wide_stores(n, out)
+    pf = words_prefetch(packed)
     return (
         (cdiv(n, bn), cdiv(m, bm)),
         (make_x(x2), words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
          m, n, words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=XS, XR=xr,
-             OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, WIDE=wide),
-        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype, wide), make_x)
+             OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, WIDE=wide, PF=pf),
+        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype, wide, pf), make_x)
 
 
 _LAUNCHES = LaunchCache(_phased_kernel)  # a memo of compiled launches, as Triton's own cache
