@@ -225,11 +225,11 @@ def _load_rows(w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s,
     row's DRAM reads come in fewer, larger pieces. A program reads its rows' whole K, so
     nothing fetched goes unused. Bit-equal; five interleaved rounds on an H200
     (docs/notes/nvfp4-triton.md, session `register-a`), us, PF 128 against plain loads
-    (torch): 576 x 1536 at M = 64 / 256 (small_phased_kernel) 4.93 / 5.65 against 5.07 /
-    5.81 (5.14 / 5.25) with x's boxes also issued first (of which ~0.05 is that), 3072 x
-    576 at M = 64 / 256 3.49 / 5.54 against 3.53 / 5.69 (4.23 / 4.45), 576 x 576 at M =
-    256 3.30 against 3.34 (3.77), 1536 x 576 at M = 256 4.19 against 4.21 (4.18); at one
-    token equal. 256 bytes measured the same."""
+    (torch): 3072 x 576 at M = 128 / 256 4.27 / 5.51 against 4.33 / 5.67 (4.41 / 4.55),
+    960 x 576 at M = 256 3.40 against 3.45 (3.90), 576 x 576 at M = 256 3.26 against 3.30
+    (3.77), 1536 x 576 at M = 256 4.21 against 4.24 (4.23), 576 x 1536 (small_phased_kernel)
+    at M = 64 / 256 4.92 / 5.68 against 4.96 / 5.70 (5.06 / 5.21); at 1-16 tokens within
+    0.02. 256 bytes measured the same as 128."""
     rows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)
     word = gl.arange(0, 8, layout=gl.SliceLayout(0, WL))
     w_ptrs = w_ptr + rows[:, None].to(gl.int64) * stride_w + word[None, :]
