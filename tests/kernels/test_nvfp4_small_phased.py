@@ -124,3 +124,13 @@ def test_phased_word_loads_prefetch_only_where_rows_are_16_byte_aligned(cfg, off
     ph.launch(x, w, scales, s2, None, out, cfg)
     check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
     assert hinted_word_loads(ph) == (24 if offset == 0 else 0)  # one a chunk of 64
+
+
+def test_phased_ring_slots():
+    # four slots only where measured: six phases (K = 1536) of one-box slots that fit
+    # beside the decoded weights; the 4-slot kernels' exactness: test_phased_matches_exact
+    assert ph.ring_slots(1536, 32, True) == ph.ring_slots(1536, 16, True) == 4
+    assert ph.ring_slots(1536, 16, False) == 3  # 32-row boxes: XC copies a slot
+    assert ph.ring_slots(2048, 16, True) == 3  # eight phases: measured slower
+    assert ph.ring_slots(768, 16, True) == ph.ring_slots(1024, 16, True) == 3
+    assert ph.ring_slots(1536, 64, True) == 3  # 192 KB of weights: no room

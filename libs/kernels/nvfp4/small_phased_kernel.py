@@ -60,7 +60,8 @@ from .small_kernel import (
 )
 
 XC = 4  # chunks of 64 K a ring slot
-XS = 3  # ring slots: 3 x 4 x 64 tokens x 64 x 2 bytes = 96 KB of x
+XS = 3  # ring slots: 3 x 4 x 64 tokens x 64 x 2 bytes = 96 KB of x (ring_slots: 4 at times)
+SMEM_BYTES = 226 * 1024  # ring_slots' bound on the decoded weights and the ring (H200: 227 KB)
 # a slot's box [XC, 64 tokens, 64 K], 128-byte swizzled as wgmma reads each [64, 64] tile
 _BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
 
@@ -148,6 +149,20 @@ def _phased_kernel(
                   WIDE)
 
 
+def ring_slots(k: int, bn: int, one_box: bool) -> int:
+    """x's ring slots: 4 where K is six phases (1536, SmolLM2's down projection), a slot
+    is one box (64-token tiles: the form measured) and they fit beside the decoded weights
+    (229,408 bytes of shared memory at 32 rows), else XS.
+    Bit-equal; five interleaved rounds on an H200 (docs/notes/nvfp4-triton.md, session
+    `register-a`), us, 4 slots against 3 (torch): 576 x 1536 at M = 64 / 128 / 256 4.64 /
+    4.65 / 5.68 against 4.95 / 4.94 / 5.72 (5.07 / 5.14 / 5.21), 960 x 1536 4.72 / 4.81 /
+    5.81 against 5.04 / 5.13 / 5.84 (5.18 / 5.28 / 5.54). At eight phases (512 x 2048) 4
+    slots lost 0.05-0.07 at M = 64-128 and tied at 256; 5 slots (16-row tiles) lost to 4
+    at six phases (4.82 / 4.84 at M = 64 / 128). Other K keep 3: not measured."""
+    four = one_box and k // (64 * XC) == 6 and bn * k * 2 + 4 * XC * 64 * 64 * 2 <= SMEM_BYTES
+    return 4 if four else XS
+
+
 def x_rows(m: int) -> int:
     """Token rows of x's TMA box: 32 up to 32 tokens, else a whole tile of 64. The box's
     size costs, not the rows read: 576 x 1536 took 4.68-4.70 us at 17-32 tokens with
@@ -226,13 +241,14 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
     has_bias = bias is not None
     wide = wide_stores(n, out)
     pf = words_prefetch(packed)
+    xs = ring_slots(k, bn, xr == bm)
     return (
         (cdiv(n, bn), cdiv(m, bm)),
         (make_x(x2), words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
          m, n, words.stride(0), scales.stride(0), out.stride(0)),
-        dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=XS, XR=xr,
+        dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=xs, XR=xr,
              OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, WIDE=wide, PF=pf),
-        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype, wide, pf), make_x)
+        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype, wide, pf, xs), make_x)
 
 
 _LAUNCHES = LaunchCache(_phased_kernel)  # a memo of compiled launches, as Triton's own cache
