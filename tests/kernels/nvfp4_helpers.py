@@ -90,3 +90,19 @@ def check_linear_exact(out, x, packed, scales, s2, bias, dtype) -> None:
     bound = (eps + x.shape[1] * 2.0**-22) * mag + tiny
     bad = ~((out.double() - exact).abs() <= bound)
     assert not bad.any(), (int(bad.sum()), bad.nonzero()[:5].tolist())
+
+
+def offset_rows(packed: torch.Tensor, offset: int) -> torch.Tensor:
+    """packed's bytes as a view into a wider buffer whose rows start `offset` bytes in:
+    the same weights, at 16-byte aligned rows (0) or only 4-byte aligned ones (4)."""
+    n, width = packed.shape
+    buf = torch.zeros(n, width + 16, dtype=torch.uint8, device=packed.device)
+    buf[:, offset:offset + width] = packed
+    return buf[:, offset:offset + width]
+
+
+def hinted_word_loads(kernel) -> int:
+    """The L2-prefetching word loads in the one kernel compiled since the entries were
+    cleared."""
+    (compiled, _), = kernel._LAUNCHES.entries.values()
+    return compiled.asm["ptx"].count("ld.global.L2::128B")

@@ -11,6 +11,8 @@ from .nvfp4_helpers import (
     count_exact_on_shapes,
     cuda_weight,
     gluon_kernel,
+    hinted_word_loads,
+    offset_rows,
     repeated_launches,
 )
 
@@ -177,22 +179,6 @@ def test_linear_routes_smollm2_layers_here():
     assert lk.route(x_down, wide, wide_scales, out_wide)[0] == "gemm"  # 256 programs
     check_linear_exact(nvfp4_linear(x, packed, scales, s2), x, packed, scales, s2, None,
                        torch.bfloat16)
-
-
-def offset_rows(packed: torch.Tensor, offset: int) -> torch.Tensor:
-    """packed's bytes as a view into a wider buffer whose rows start `offset` bytes in:
-    the same weights, at 16-byte aligned rows (0) or only 4-byte aligned ones (4)."""
-    n, width = packed.shape
-    buf = torch.zeros(n, width + 16, dtype=torch.uint8, device=packed.device)
-    buf[:, offset:offset + width] = packed
-    return buf[:, offset:offset + width]
-
-
-def hinted_word_loads(kernel) -> int:
-    """The L2-prefetching word loads in the one kernel compiled since the entries were
-    cleared."""
-    (compiled, _), = kernel._LAUNCHES.entries.values()
-    return compiled.asm["ptx"].count("ld.global.L2::128B")
 
 
 @pytest.mark.parametrize("offset", [0, 4], ids=["aligned", "offset4"])

@@ -9,6 +9,8 @@ from .nvfp4_helpers import (
     count_exact_on_shapes,
     cuda_weight,
     gluon_kernel,
+    hinted_word_loads,
+    offset_rows,
     repeated_launches,
 )
 
@@ -113,8 +115,6 @@ def test_phased_word_loads_prefetch_only_where_rows_are_16_byte_aligned(cfg, off
     """As small_kernel's (shared _load_rows): L2-prefetching vector loads of the words
     where their rows start 16-byte aligned, plain loads otherwise; exact either way, with
     x's boxes issued before the loads (64-token boxes) or after (16-row boxes)."""
-    from .test_nvfp4_small import hinted_word_loads, offset_rows
-
     monkeypatch.setattr(ph._LAUNCHES, "entries", {})
     packed, scales, s2 = cuda_weight(200, 1536, torch.bfloat16, seed=13)
     w = offset_rows(packed, offset)

@@ -421,14 +421,22 @@ def _load_words(ptrs, chunk, end, RAGGED: gl.constexpr, WORDS_ASM: gl.constexpr 
                                          dtype=gl.int32, is_pure=False, pack=4)
 
 
-def _words_asm(pf: int) -> str:
-    """The PTX of one thread's 16 bytes of a row's words (its 4 consecutive registers:
-    pack=4), evict_first in L1, with L2 prefetching the aligned pf bytes around them from
-    DRAM (the row's next chunks); "" for gl.load without that (pf 0). Volatile, so the
-    loads stay where the loop issues them."""
+def words_load_asm(pf: int, per: int, l1: str = "") -> str:
+    """The PTX of one thread's `per` consecutive words of a row (1, 2 or 4 registers:
+    pack=per; one vector load, so their address is aligned to 4 per bytes), with the L1
+    hint l1 and L2 prefetching the aligned pf bytes around them from DRAM (the row's next
+    chunks); "" for gl.load without that (pf 0). Callers issue it volatile, so the loads
+    stay where they are written."""
     if pf == 0:
         return ""
-    return f"ld.global.L1::evict_first.L2::{pf}B.v4.b32 {{$0, $1, $2, $3}}, [$4];"
+    regs = ", ".join(f"${i}" for i in range(per))
+    vec = "" if per == 1 else f".v{per}"
+    return f"ld.global{l1}.L2::{pf}B{vec}.b32 {{{regs}}}, [${per}];"
+
+
+def _words_asm(pf: int) -> str:
+    """words_load_asm for the GEMV's 16 bytes a thread, evict_first in L1."""
+    return words_load_asm(pf, 4, ".L1::evict_first")
 
 
 _NO_HINT = gl.constexpr("")  # gl.load's default eviction policy

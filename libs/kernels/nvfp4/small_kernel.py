@@ -73,6 +73,7 @@ from .gemv_kernel import (
     NATURAL_ASM_F16,
     _halves,
     _load_s2_bias,
+    words_load_asm,
 )
 from .grid import cdiv
 from .launch_cache import Launch, LaunchCache
@@ -196,16 +197,10 @@ def words_prefetch(packed: torch.Tensor) -> int:
     return L2_PREFETCH if aligned else 0
 
 
-@gluon.constexpr_function
-def _words_asm(pf, per):
-    """The PTX of one thread's `per` consecutive words of a row (pack=per), with L2
-    prefetching the aligned pf bytes around them from DRAM (the row's next chunks); ""
-    for gl.load (pf 0)."""
-    if pf == 0:
-        return ""
-    regs = ", ".join(f"${i}" for i in range(per))
-    vec = "" if per == 1 else f".v{per}"
-    return f"ld.global.L2::{pf}B{vec}.b32 {{{regs}}}, [${per}];"
+def words_asm(packed: torch.Tensor, wl: gl.BlockedLayout) -> str:
+    """_load_rows' word loads as PTX (gemv_kernel.words_load_asm): a thread's words of a
+    chunk (wl) in one load with words_prefetch's hint; "" (plain loads) without one."""
+    return words_load_asm(words_prefetch(packed), wl.size_per_thread[1])
 
 
 @gluon.constexpr_function
@@ -216,15 +211,15 @@ def _words_constraints(per):
 @gluon.jit
 def _load_rows(w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s,
                HAS_BIAS: gl.constexpr, BN: gl.constexpr, KC: gl.constexpr,
-               WL: gl.constexpr, ACC: gl.constexpr, PF: gl.constexpr):
+               WL: gl.constexpr, ACC: gl.constexpr, WORDS_ASM: gl.constexpr):
     """Issue every load of program pid_n's BN weight rows: the words and block scale bytes
     of all KC chunks (in WL, all in flight before the first is used), s2 and the bias (in
     the accumulator's row layout). Returns (words, scales, out_rows, s2, bias).
 
-    PF (words_prefetch): the word loads ask L2 to fetch the PF bytes around them, so a
+    WORDS_ASM (words_asm): the word loads ask L2 to fetch the 128 bytes around them, so a
     row's DRAM reads come in fewer, larger pieces. A program reads its rows' whole K, so
     nothing fetched goes unused. Bit-equal; five interleaved rounds on an H200
-    (docs/notes/nvfp4-triton.md, session `register-a`), us, PF 128 against plain loads
+    (docs/notes/nvfp4-triton.md, session `register-a`), us, a 128-byte prefetch against plain loads
     (torch): 3072 x 576 at M = 128 / 256 4.27 / 5.51 against 4.33 / 5.67 (4.41 / 4.55),
     960 x 576 at M = 256 3.40 against 3.45 (3.90), 576 x 576 at M = 256 3.26 against 3.30
     (3.77), 1536 x 576 at M = 256 4.21 against 4.24 (4.23), 576 x 1536 (small_phased_kernel)
@@ -237,11 +232,10 @@ def _load_rows(w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s,
     out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC))
     s2, bias = _load_s2_bias(s2_ptr, bias_ptr, out_rows, N, HAS_BIAS)
     PER: gl.constexpr = WL.size_per_thread[1]
-    WORDS_ASM: gl.constexpr = _words_asm(PF, PER)
     words = ()
     scales = ()
     for c in gl.static_range(KC):
-        if PF == 0:
+        if WORDS_ASM == "":
             words = words + (gl.load(w_ptrs + c * 8),)
         else:  # volatile, so the loads stay ahead of everything after them
             words = words + (gl.inline_asm_elementwise(
@@ -307,7 +301,7 @@ def _small_kernel(
     M, N, stride_xm, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
     OUT_LOG2: gl.constexpr, WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr,
-    X_REGS: gl.constexpr, XL: gl.constexpr, WIDE: gl.constexpr, PF: gl.constexpr,
+    X_REGS: gl.constexpr, XL: gl.constexpr, WIDE: gl.constexpr, WORDS_ASM: gl.constexpr,
 ):
     """out[tokens, rows] for BM tokens (64 a warpgroup: wgmma's A, from x_src, a TMA
     descriptor whose rows past M arrive as zeros, or for X_REGS x's pointer, loaded into
@@ -317,7 +311,7 @@ def _small_kernel(
     pid_m = gl.program_id(1)
     words, scales, out_rows, s2, bias = _load_rows(
         w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL, ACC,
-        PF)
+        WORDS_ASM)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
     if X_REGS:
         dtype: gl.constexpr = x_src.dtype.element_ty
@@ -450,7 +444,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
         xl = None
     x_src = x2 if make_x is None else make_x(x2)
     wide = not x_regs and wide_stores(n, out)
-    pf = words_prefetch(packed)
+    asm = words_asm(packed, wl)
     words = packed.view(torch.int32)
     has_bias = bias is not None
     return (
@@ -458,8 +452,8 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
         (x_src, words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
          m, n, x2.stride(0), words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, OUT_LOG2=_DECODE[x2.dtype][1],
-             WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl, WIDE=wide, PF=pf),
-        dict(num_warps=w), (has_bias, bn, w, k, x2.dtype, x_regs, wide, pf), make_x)
+             WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl, WIDE=wide, WORDS_ASM=asm),
+        dict(num_warps=w), (has_bias, bn, w, k, x2.dtype, x_regs, wide, asm), make_x)
 
 
 _LAUNCHES = LaunchCache(_small_kernel)  # a memo of compiled launches, as Triton's own cache

@@ -56,7 +56,7 @@ from .small_kernel import (
     layouts,
     tma_ready,
     wide_stores,
-    words_prefetch,
+    words_asm,
 )
 
 XC = 4  # chunks of 64 K a ring slot
@@ -86,26 +86,12 @@ def _fill(x_desc, x_ring, bars, slot: gl.constexpr, phase: gl.constexpr, row,
 
 
 @gluon.jit
-def _phased_kernel(
-    x_desc, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr,
-    M, N, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
-    HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
-    XC: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, OUT_LOG2: gl.constexpr,
-    WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr, WIDE: gl.constexpr,
-    PF: gl.constexpr,
-):
-    """out[tokens, rows] for 64 tokens and BN weight rows, as small_kernel's, with x in
-    NP phases through the ring."""
-    NP: gl.constexpr = KC // XC  # phases
-    pid_n = gl.program_id(0)
-    pid_m = gl.program_id(1)
+def _start_ring(x_desc, pid_m, BM: gl.constexpr, XC: gl.constexpr, XS: gl.constexpr,
+                XR: gl.constexpr, NP: gl.constexpr, SW: gl.constexpr):
+    """Allocate the ring's XS slots and their barriers and fill the first phases' with
+    program pid_m's tokens. Returns (the slots as TMA writes them, the same as wgmma
+    reads them, the barriers)."""
     dtype: gl.constexpr = x_desc.dtype
-    # Which goes out first, x's copies or the weights' loads (see the module doc): the
-    # weights' where a slot is XC copies, each behind a barrier, x's where it is one box.
-    if XR != BM:
-        words, scales, out_rows, s2, bias = _load_rows(
-            w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC,
-            WL, ACC, PF)
     # a slot per allocation in the box's 3D layout, read by wgmma as [BM, 64] tiles
     x_ring = ()
     x_tiles = ()
@@ -125,10 +111,33 @@ def _phased_kernel(
     for s in gl.static_range(XS):
         if s < NP:
             _fill(x_desc, x_ring, bars, s, s, pid_m * BM, XC, XR)
+    return x_ring, x_tiles, bars
+
+
+@gluon.jit
+def _phased_kernel(
+    x_desc, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr,
+    M, N, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
+    HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
+    XC: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, OUT_LOG2: gl.constexpr,
+    WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr, WIDE: gl.constexpr,
+    WORDS_ASM: gl.constexpr,
+):
+    """out[tokens, rows] for 64 tokens and BN weight rows, as small_kernel's, with x in
+    NP phases through the ring."""
+    NP: gl.constexpr = KC // XC  # phases
+    pid_n = gl.program_id(0)
+    pid_m = gl.program_id(1)
+    dtype: gl.constexpr = x_desc.dtype
+    # Which goes out first, x's copies or the weights' loads (see the module doc): x's
+    # where a slot is one box, the weights' where it is XC copies, each behind a barrier.
     if XR == BM:
-        words, scales, out_rows, s2, bias = _load_rows(
-            w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC,
-            WL, ACC, PF)
+        x_ring, x_tiles, bars = _start_ring(x_desc, pid_m, BM, XC, XS, XR, NP, SW)
+    words, scales, out_rows, s2, bias = _load_rows(
+        w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL, ACC,
+        WORDS_ASM)
+    if XR != BM:
+        x_ring, x_tiles, bars = _start_ring(x_desc, pid_m, BM, XC, XS, XR, NP, SW)
     w_bufs = _decode_to_shared(words, scales, SW, dtype, False)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
     for p in gl.static_range(NP):
@@ -149,6 +158,11 @@ def _phased_kernel(
                   WIDE)
 
 
+def _shared_bytes(bn: int, k: int, slots: int) -> int:
+    """The decoded weights (BN x K x 2 bytes) and the ring's slots of x."""
+    return bn * k * 2 + slots * XC * 64 * 64 * 2
+
+
 def ring_slots(k: int, bn: int, one_box: bool) -> int:
     """x's ring slots: 4 where K is six phases (1536, SmolLM2's down projection), a slot
     is one box (64-token tiles: the form measured) and they fit beside the decoded weights
@@ -159,7 +173,7 @@ def ring_slots(k: int, bn: int, one_box: bool) -> int:
     5.81 against 5.04 / 5.13 / 5.84 (5.18 / 5.28 / 5.54). At eight phases (512 x 2048) 4
     slots lost 0.05-0.07 at M = 64-128 and tied at 256; 5 slots (16-row tiles) lost to 4
     at six phases (4.82 / 4.84 at M = 64 / 128). Other K keep 3: not measured."""
-    four = one_box and k // (64 * XC) == 6 and bn * k * 2 + 4 * XC * 64 * 64 * 2 <= SMEM_BYTES
+    four = one_box and k // (64 * XC) == 6 and _shared_bytes(bn, k, 4) <= SMEM_BYTES
     return 4 if four else XS
 
 
@@ -176,7 +190,7 @@ def fits(m: int, k: int, cfg: dict) -> bool:
     (BN x K x 2 bytes) beside the ring under 227 KB."""
     bn = cfg.get("BN", 16)
     return (k % (64 * XC) == 0 and k // (64 * XC) >= XS
-            and bn * k * 2 + XS * XC * 64 * 64 * 2 <= 220 * 1024)
+            and _shared_bytes(bn, k, XS) <= 220 * 1024)
 
 
 def readable(x2: torch.Tensor, packed: torch.Tensor) -> bool:
@@ -240,15 +254,15 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
     words = packed.view(torch.int32)
     has_bias = bias is not None
     wide = wide_stores(n, out)
-    pf = words_prefetch(packed)
+    asm = words_asm(packed, wl)
     xs = ring_slots(k, bn, xr == bm)
     return (
         (cdiv(n, bn), cdiv(m, bm)),
         (make_x(x2), words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
          m, n, words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=xs, XR=xr,
-             OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, WIDE=wide, PF=pf),
-        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype, wide, pf, xs), make_x)
+             OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, WIDE=wide, WORDS_ASM=asm),
+        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype, wide, asm, xs), make_x)
 
 
 _LAUNCHES = LaunchCache(_phased_kernel)  # a memo of compiled launches, as Triton's own cache
