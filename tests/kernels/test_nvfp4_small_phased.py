@@ -29,6 +29,18 @@ def test_phased_matches_exact(cfg, dtype):
     assert count_exact_on_shapes(ph, cfg, shapes, dtype) == len(shapes)
 
 
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"bn{c['BN']}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_phased_deep_rings(cfg, dtype):
+    # five phases (K = 1280): 4 one-box slots (one refill) from 33 tokens, and at 17-32
+    # tokens 5 slots of 32-row copies at 16 rows (all of K in the ring, never refilled)
+    # or 4 at 32 rows (five past shared memory); bias on odd M
+    shapes = ((576, 1280, 20), (576, 1280, 70), (200, 1280, 33), (200, 1280, 256))
+    assert [ph.ring_slots(1280, cfg["BN"], ph.x_rows(m) == 64) for *_, m in shapes] == (
+        [5 if cfg["BN"] == 16 else 4, 4, 4, 4])
+    assert count_exact_on_shapes(ph, cfg, shapes, dtype) == len(shapes)
+
+
 # x's TMA box: 32 rows up to 32 tokens (the rows past them never written), else 64; each
 # forced here at the token counts it allows, the 64-row box also where 32 would be picked
 BOX_CONFIGS = [dict(BN=16, num_warps=4, XR=16), dict(BN=32, num_warps=4, XR=32),
@@ -127,10 +139,15 @@ def test_phased_word_loads_prefetch_only_where_rows_are_16_byte_aligned(cfg, off
 
 
 def test_phased_ring_slots():
-    # four slots only where measured: six phases (K = 1536) of one-box slots that fit
-    # beside the decoded weights; the 4-slot kernels' exactness: test_phased_matches_exact
+    # a deeper ring only where measured: five or six phases (K = 1280, 1536), 4 one-box
+    # slots or 5 slots of 32-row copies, the most that fit beside the decoded weights;
+    # the deeper kernels' exactness: test_phased_matches_exact and test_phased_deep_rings
     assert ph.ring_slots(1536, 32, True) == ph.ring_slots(1536, 16, True) == 4
-    assert ph.ring_slots(1536, 16, False) == 3  # 32-row boxes: XC copies a slot
-    assert ph.ring_slots(2048, 16, True) == 3  # eight phases: measured slower
-    assert ph.ring_slots(768, 16, True) == ph.ring_slots(1024, 16, True) == 3
+    assert ph.ring_slots(1280, 16, True) == 4
+    assert ph.ring_slots(1536, 16, False) == ph.ring_slots(1280, 16, False) == 5
+    assert ph.ring_slots(1536, 32, False) == 4  # 5 slots past shared memory at 32 rows
+    assert ph.ring_slots(2048, 16, True) == ph.ring_slots(2048, 16, False) == 3  # 8 phases
+    assert ph.ring_slots(768, 16, True) == ph.ring_slots(1024, 16, False) == 3
     assert ph.ring_slots(1536, 64, True) == 3  # 192 KB of weights: no room
+    for k, bn, one_box in [(1536, 16, False), (1536, 32, True), (1280, 32, False)]:
+        assert ph._shared_bytes(bn, k, ph.ring_slots(k, bn, one_box)) <= ph.SMEM_BYTES

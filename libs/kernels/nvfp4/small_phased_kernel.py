@@ -60,7 +60,7 @@ from .small_kernel import (
 )
 
 XC = 4  # chunks of 64 K a ring slot
-XS = 3  # ring slots: 3 x 4 x 64 tokens x 64 x 2 bytes = 96 KB of x (ring_slots: 4 at times)
+XS = 3  # ring slots: 3 x 4 x 64 tokens x 64 x 2 bytes = 96 KB of x (ring_slots: 4-5 at times)
 SMEM_BYTES = 226 * 1024  # ring_slots' bound on the decoded weights and the ring (H200: 227 KB)
 # a slot's box [XC, 64 tokens, 64 K], 128-byte swizzled as wgmma reads each [64, 64] tile
 _BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
@@ -164,17 +164,22 @@ def _shared_bytes(bn: int, k: int, slots: int) -> int:
 
 
 def ring_slots(k: int, bn: int, one_box: bool) -> int:
-    """x's ring slots: 4 where K is six phases (1536, SmolLM2's down projection), a slot
-    is one box (64-token tiles: the form measured) and they fit beside the decoded weights
-    (229,408 bytes of shared memory at 32 rows), else XS.
-    Bit-equal; five interleaved rounds on an H200 (docs/notes/nvfp4-triton.md, session
-    `register-a`), us, 4 slots against 3 (torch): 576 x 1536 at M = 64 / 128 / 256 4.64 /
-    4.65 / 5.68 against 4.95 / 4.94 / 5.72 (5.07 / 5.14 / 5.21), 960 x 1536 4.72 / 4.81 /
-    5.81 against 5.04 / 5.13 / 5.84 (5.18 / 5.28 / 5.54). At eight phases (512 x 2048) 4
-    slots lost 0.05-0.07 at M = 64-128 and tied at 256; 5 slots (16-row tiles) lost to 4
-    at six phases (4.82 / 4.84 at M = 64 / 128). Other K keep 3: not measured."""
-    four = one_box and k // (64 * XC) == 6 and _shared_bytes(bn, k, 4) <= SMEM_BYTES
-    return 4 if four else XS
+    """x's ring slots: a deeper ring where K is five or six phases (1280 or 1536; six is
+    SmolLM2's down projection), 4 slots where a slot is one box (64-token tiles) and 5
+    where it is XC 32-row copies (17-32 tokens), the most of those that fit beside the
+    decoded weights (5 slots at 16 rows, 4 at 32 rows: 229,408 bytes); else XS.
+    Bit-equal; five interleaved rounds on an H200 (docs/notes/nvfp4-triton.md, sessions
+    `register-a` and `ring-sweep`), us, slots 3 / 4 / 5 (torch):
+    - 576 x 1536, M = 17 / 32: 4.83 / 4.67 / 4.52 and 4.82 / 4.65 / 4.55 (4.99 / 5.06);
+      M = 64 / 128: 4.94 / 4.65 / 4.80 and 4.93 / 4.66 / 4.79 (5.08 / 5.15);
+    - 576 x 1280, M = 17 / 32: 4.26 / 4.10 / 4.05 and 4.25 / 4.10 / 4.06 (4.66 / 4.73);
+      M = 64 / 128: 4.53 / 4.09 / 4.28 and 4.51 / 4.15 / 4.32 (4.75 / 4.81);
+    - M = 256 ties (5.66 / 5.64 at 576 x 1536, 4.98 / 4.96 at 576 x 1280).
+    Other K keep 3: at four phases (1024 x 1024) 4 slots tied up to M = 128 and lost at 256
+    (4.74 against 4.56); at eight (512 x 2048) 4 slots won 0.05-0.14 at M = 64-256 in one
+    run and lost 0.05-0.07 in another, and 32-row slots lost 0.4 us with 4 or 5."""
+    want = (4 if one_box else 5) if k // (64 * XC) in (5, 6) else XS
+    return next((s for s in range(want, XS, -1) if _shared_bytes(bn, k, s) <= SMEM_BYTES), XS)
 
 
 def x_rows(m: int) -> int:
