@@ -111,7 +111,8 @@ def test_gpu_decode_calls_skip_the_launch_cache(monkeypatch):
 @pytest.mark.parametrize("n, k, m, route", [
     (3072, 576, 256, "small"),           # x by TMA
     (576, 1536, 128, "small_phased"),    # x by TMA, in boxes of four chunks
-    (576, 1536, 32, "small_phased"),     # one box of 32 token rows
+    (576, 1280, 32, "small_phased"),     # one box of 32 token rows
+    (576, 1536, 32, "triton"),           # few_tokens: split K, the stream's workspace
     (576, 1536, 512, "gemm"),            # x and out by TMA
     (4096, 4096, 64, "gemm"),            # split K: the stream's shared workspace
 ])

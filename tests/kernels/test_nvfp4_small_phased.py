@@ -92,10 +92,13 @@ def test_phased_fits():
 
 def test_phased_pick_config():
     # SmolLM2's down projection: 16 rows while they fit in one wave, then 32
-    assert ph.pick_config(17, 576, 1536) == ph.pick_config(128, 576, 1536) == CONFIGS[0]
+    assert ph.pick_config(33, 576, 1536) == ph.pick_config(128, 576, 1536) == CONFIGS[0]
     assert ph.pick_config(129, 576, 1536) == CONFIGS[0]  # 108 programs
     assert ph.pick_config(256, 576, 1536) == CONFIGS[1]  # 16 rows: 144 programs
     assert ph.pick_config(16, 576, 1536) is None  # the Triton kernel is faster
+    assert ph.pick_config(32, 576, 1536) is None  # so at K >= 1536 to 32 tokens
+    assert ph.pick_config(17, 512, 2048) is None
+    assert ph.pick_config(17, 576, 1280) == ph.pick_config(32, 1024, 1024) == CONFIGS[0]
     assert ph.pick_config(512, 576, 1536) is None  # past one wave at 32 rows
     assert ph.pick_config(256, 2048, 1536) is None  # 256 programs
     assert ph.pick_config(64, 4096, 4096) is None  # a large layer
@@ -109,10 +112,10 @@ def test_phased_misaligned_x_goes_to_the_triton_kernel():
     from libs.kernels.nvfp4 import linear_kernels as lk
 
     packed, scales, s2 = cuda_weight(576, 1536, torch.bfloat16, seed=12)
-    wide = torch.randn(20, 1544, device="cuda", dtype=torch.bfloat16)
+    wide = torch.randn(40, 1544, device="cuda", dtype=torch.bfloat16)
     x = wide[:, 1:1537]
     assert not ph.readable(x, packed) and ph.readable(wide[:, :1536], packed)
-    out = torch.empty(20, 576, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(40, 576, device="cuda", dtype=torch.bfloat16)
     assert lk.route(x, packed, scales, out)[0] == "triton"
     assert lk.route(wide[:, :1536], packed, scales, out)[0] == "small_phased"
     check_linear_exact(nvfp4_linear(x, packed, scales, s2), x, packed, scales, s2, None,

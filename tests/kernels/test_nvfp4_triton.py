@@ -459,21 +459,23 @@ def test_linear_fp16_large_m_configs(asm, _full_precision_reductions):
 
 
 def test_small_layers_pick_tiles_splits_and_pipelines():
-    # SmolLM2's layers. Up to 16 tokens: 16-token tiles and K split into runs of at least
-    # two steps that divide K (576 is nine 64-wide steps), never past about four programs
-    # per SM. More tokens: K in runs of at most 576 (the fewest that divide the steps),
-    # every run's loads in flight at once (num_stages = steps + 1, capped at 10), and
-    # 32-token tiles where they still make 64 tiles.
+    # SmolLM2's layers. Up to 16 tokens (32 where K is 1536: few_tokens): 16-token tiles
+    # and K split into runs of at least two steps that divide K (576 is nine 64-wide
+    # steps), never past about four programs per SM. More tokens: K in runs of at most
+    # 576 (the fewest that divide the steps), every run's loads in flight at once
+    # (num_stages = steps + 1, capped at 10), and 32-token tiles where they still make 64
+    # tiles.
     from libs.kernels.nvfp4 import linear_kernels as lk
 
     for n, k in ((576, 576), (192, 576), (1536, 576), (576, 1536)):
-        for m in (1, 16, 17, 64, 128, 256):
+        for m in (1, 16, 17, 32, 33, 64, 128, 256):
             cfg = lk.pick_config(m, n, k)
             steps = k // cfg["BLOCK_K"]
             split = cfg["SPLIT_K"]
             tiles = -(-n // cfg["BLOCK_N"]) * -(-m // cfg["BLOCK_M"])
             assert k % cfg["BLOCK_K"] == 0 and steps % split == 0, (n, k, m, cfg)
-            if m <= 16:
+            assert lk.few_tokens(m, n, k) == (m <= 16 or (m <= 32 and k == 1536))
+            if lk.few_tokens(m, n, k):
                 assert cfg["BLOCK_M"] == 16, (n, k, m, cfg)
                 assert split == 1 or (steps // split >= 2 and tiles * split <= 4 * 132)
             else:
@@ -491,4 +493,7 @@ def test_small_layers_pick_tiles_splits_and_pipelines():
     assert tiles_split_stages(1, 576, 576) == (16, 64, 3, 4)
     assert tiles_split_stages(256, 576, 576) == (32, 64, 1, 10)
     assert tiles_split_stages(64, 576, 1536) == (16, 128, 3, 5)
+    assert tiles_split_stages(32, 576, 1536) == tiles_split_stages(16, 576, 1536) == (
+        16, 128, 6, 4)
+    assert not lk.few_tokens(17, 576, 1280) and not lk.few_tokens(17, 4096, 4096)
     assert lk.pick_config(256, 4096, 4096)["BLOCK_M"] == 128  # large layers unchanged

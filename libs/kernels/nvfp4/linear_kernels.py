@@ -47,7 +47,8 @@ at M = 64, torch 128-142 us), layers under 2^22 weights with K up to 576 to smal
 (one decode per tile of 16-32 weight rows into shared memory, then wgmma with x as A, by
 TMA or up to 32 tokens straight into registers: SmolLM2's 576 x 576 at M = 256 in ~3.5 us
 against ~5.6 us here, at M = 1 ~2.7 against ~4.9 us), 17 tokens or more on small layers
-with longer K (SmolLM2's down projection, K = 1536) to small_phased_kernel.py (the same
+with longer K (SmolLM2's down projection, K = 1536; 33 or more where K is 1536 or past it:
+few_tokens) to small_phased_kernel.py (the same
 form with x streamed through a ring of shared buffers: ~5.0 against ~6.3 us here at M =
 128, ~5.8 against the GEMM's ~6.4 at M = 256), and the small layers both decline at 129-256
 tokens to gemm_kernel.py; everything else runs here. Prompts on layers of up to 2^22
@@ -335,15 +336,17 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     inline-PTX decode. Larger M is tensor-core work: 128-row tiles
     on two warpgroups; above M = 64 the plain Triton decode measured faster (Triton
     schedules it better around the MMAs).
-    Small layers (SmolLM2's) are latency-bound. Up to 16 tokens: K split into whole runs
-    of steps (_small_layer_split). More tokens: K in runs of at most 576, each run's loads
-    all in flight at once, 32-token tiles where they still make 64 tiles (_small_layer_runs)."""
+    Small layers (SmolLM2's) are latency-bound. Few tokens (few_tokens): K split into
+    whole runs of steps (_small_layer_split). More tokens: K in runs of at most 576, each
+    run's loads all in flight at once, 32-token tiles where they still make 64 tiles
+    (_small_layer_runs)."""
     # Long rows: 128-row GEMV tiles measured 59.8 vs 62.4 us (64-row) on 8192 x 28672 at
     # M = 1, but 9.4 vs 9.0 us on 4096 x 4096, which keeps 64-row tiles.
     big = n >= 2048 and k >= 8192
     small = n * k < 2**22
-    per_sm = 6 if m <= 16 else 3  # the 8-warp tiles need fewer programs per SM
-    if m <= 16:
+    few = few_tokens(m, n, k)
+    per_sm = 6 if few else 3  # the 8-warp tiles need fewer programs per SM
+    if few:
         cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4,
                    DECODE_ASM=True)
         if k <= 768:
@@ -373,7 +376,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     tiles = cdiv(n, cfg["BLOCK_N"]) * cdiv(m, cfg["BLOCK_M"])
     k_steps = cdiv(k, cfg["BLOCK_K"])
     if small:
-        if m <= 16:
+        if few:
             cfg["SPLIT_K"] = _small_layer_split(k_steps, tiles, sms)
         else:
             _small_layer_runs(cfg, k_steps)
@@ -385,6 +388,20 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
             split_k *= 2
     cfg["SPLIT_K"] = split_k
     return cfg
+
+
+def few_tokens(m: int, n: int, k: int) -> bool:
+    """Whether pick_config's few-token config (16-token tiles, K split into runs) takes the
+    call: up to 16 tokens, and up to 32 on layers of under 2^22 weights with K of 1536 or
+    more (six or more of small_phased_kernel's phases), which small_phased_kernel then
+    declines. One H200, five interleaved rounds (docs/notes/nvfp4-triton.md, session
+    `ring-sweep`), us at M = 17 / 32, this config against small_phased_kernel's 5-slot ring
+    (torch): 512 x 2048 4.78 / 4.71 against 6.32 / 6.31 (5.74 / 5.81), 1536 x 2048 5.98 /
+    5.86 against 6.56 / 6.49 (5.93 / 5.94), 576 x 1536 4.44 / 4.47 against 4.59 / 4.60
+    (5.05 / 5.12). Fewer phases keep the phased kernel: 576 x 1280 4.06 / 4.07 against 4.32
+    / 4.36 here, 1024 x 1024 3.80 / 3.73 against 4.39 / 4.41; so do 33 tokens and more
+    (M = 48: 576 x 1536 4.71 against 5.04, 1536 x 2048 6.72 against 7.03)."""
+    return m <= 16 or (m <= 32 and n * k < 2**22 and k >= 1536)
 
 
 def _small_layer_split(k_steps: int, tiles: int, sms: int) -> int:
@@ -475,8 +492,8 @@ def _pick_kernel(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
                  out: torch.Tensor) -> tuple[str, dict]:
     """Which kernel computes out = x2 @ W.T, and its config: ("gemv", cfg) for a few tokens
     on long rows (gemv_kernel), ("small", cfg) for small layers with K up to 576
-    (small_kernel), ("small_phased", cfg) for 17 tokens and more on small layers with
-    longer K (small_phased_kernel), ("gemm", cfg) for many tokens on large layers and on
+    (small_kernel), ("small_phased", cfg) for more tokens than few_tokens on small layers
+    with longer K (small_phased_kernel), ("gemm", cfg) for many tokens on large layers and on
     the small layers both decline (gemm_kernel), else ("triton", cfg) for this module's
     kernel. The Gluon kernels need CUDA tensors (Gluon has no CPU interpreter) and
     addresses they can read as words or TMA descriptors."""
