@@ -99,6 +99,7 @@ def test_phased_pick_config():
     assert ph.pick_config(32, 576, 1536) is None  # so at K >= 1536 to 32 tokens
     assert ph.pick_config(17, 512, 2048) is None
     assert ph.pick_config(17, 576, 1280) == ph.pick_config(32, 1024, 1024) == CONFIGS[0]
+    assert ph.pick_config(17, 960, 1536) == CONFIGS[0]  # the Triton kernel past one wave
     assert ph.pick_config(512, 576, 1536) is None  # past one wave at 32 rows
     assert ph.pick_config(256, 2048, 1536) is None  # 256 programs
     assert ph.pick_config(64, 4096, 4096) is None  # a large layer

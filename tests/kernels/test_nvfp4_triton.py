@@ -474,7 +474,7 @@ def test_small_layers_pick_tiles_splits_and_pipelines():
             split = cfg["SPLIT_K"]
             tiles = -(-n // cfg["BLOCK_N"]) * -(-m // cfg["BLOCK_M"])
             assert k % cfg["BLOCK_K"] == 0 and steps % split == 0, (n, k, m, cfg)
-            assert lk.few_tokens(m, n, k) == (m <= 16 or (m <= 32 and k == 1536))
+            assert lk.few_tokens(m, n, k) == (m <= 16 or (m <= 32 and k == 1536))  # 108
             if lk.few_tokens(m, n, k):
                 assert cfg["BLOCK_M"] == 16, (n, k, m, cfg)
                 assert split == 1 or (steps // split >= 2 and tiles * split <= 4 * 132)
@@ -496,4 +496,14 @@ def test_small_layers_pick_tiles_splits_and_pipelines():
     assert tiles_split_stages(32, 576, 1536) == tiles_split_stages(16, 576, 1536) == (
         16, 128, 6, 4)
     assert not lk.few_tokens(17, 576, 1280) and not lk.few_tokens(17, 4096, 4096)
+    # 17-32 tokens at K = 1536 only where the few-token programs fit in one wave (768 rows:
+    # 12 x 2 tiles x 6 = 144); at K >= 2048 always
+    for n, k, m, few in ((960, 1536, 17, False), (640, 1536, 32, True), (768, 1536, 32, False),
+                         (1536, 2048, 32, True), (512, 2048, 17, True), (576, 1536, 33, False)):
+        assert lk.few_tokens(m, n, k) == few, (n, k, m)
+        if k == 1536 and m <= 32:
+            cfg = lk.pick_config(m, n, k) if few else lk.pick_config(16, n, k)
+            programs = -(-n // 64) * -(-m // 16) * lk._small_layer_split(
+                k // cfg["BLOCK_K"], -(-n // 64) * -(-m // 16), 132)
+            assert (programs <= 132) == few, (n, k, m, programs)
     assert lk.pick_config(256, 4096, 4096)["BLOCK_M"] == 128  # large layers unchanged

@@ -47,8 +47,8 @@ at M = 64, torch 128-142 us), layers under 2^22 weights with K up to 576 to smal
 (one decode per tile of 16-32 weight rows into shared memory, then wgmma with x as A, by
 TMA or up to 32 tokens straight into registers: SmolLM2's 576 x 576 at M = 256 in ~3.5 us
 against ~5.6 us here, at M = 1 ~2.7 against ~4.9 us), 17 tokens or more on small layers
-with longer K (SmolLM2's down projection, K = 1536; 33 or more where K is 1536 or past it:
-few_tokens) to small_phased_kernel.py (the same
+with longer K (SmolLM2's down projection, K = 1536; past 32 tokens where few_tokens says so)
+to small_phased_kernel.py (the same
 form with x streamed through a ring of shared buffers: ~5.0 against ~6.3 us here at M =
 128, ~5.8 against the GEMM's ~6.4 at M = 256), and the small layers both decline at 129-256
 tokens to gemm_kernel.py; everything else runs here. Prompts on layers of up to 2^22
@@ -344,7 +344,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     # M = 1, but 9.4 vs 9.0 us on 4096 x 4096, which keeps 64-row tiles.
     big = n >= 2048 and k >= 8192
     small = n * k < 2**22
-    few = few_tokens(m, n, k)
+    few = few_tokens(m, n, k, sms)
     per_sm = 6 if few else 3  # the 8-warp tiles need fewer programs per SM
     if few:
         cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4,
@@ -390,18 +390,31 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     return cfg
 
 
-def few_tokens(m: int, n: int, k: int) -> bool:
-    """Whether pick_config's few-token config (16-token tiles, K split into runs) takes the
-    call: up to 16 tokens, and up to 32 on layers of under 2^22 weights with K of 1536 or
-    more (six or more of small_phased_kernel's phases), which small_phased_kernel then
-    declines. One H200, five interleaved rounds (docs/notes/nvfp4-triton.md, session
-    `ring-sweep`), us at M = 17 / 32, this config against small_phased_kernel's 5-slot ring
-    (torch): 512 x 2048 4.78 / 4.71 against 6.32 / 6.31 (5.74 / 5.81), 1536 x 2048 5.98 /
-    5.86 against 6.56 / 6.49 (5.93 / 5.94), 576 x 1536 4.44 / 4.47 against 4.59 / 4.60
-    (5.05 / 5.12). Fewer phases keep the phased kernel: 576 x 1280 4.06 / 4.07 against 4.32
-    / 4.36 here, 1024 x 1024 3.80 / 3.73 against 4.39 / 4.41; so do 33 tokens and more
-    (M = 48: 576 x 1536 4.71 against 5.04, 1536 x 2048 6.72 against 7.03)."""
-    return m <= 16 or (m <= 32 and n * k < 2**22 and k >= 1536)
+def few_tokens(m: int, n: int, k: int, sms: int = 132) -> bool:
+    """Whether pick_config's few-token config (16-token tiles of 64 rows, K split into runs)
+    takes the call: up to 16 tokens, and 17-32 on layers of under 2^22 weights where K is
+    2048 or more (eight or more of small_phased_kernel's phases, whose 32-row boxes are slow
+    there), or 1536 or more with that config's programs in one wave; small_phased_kernel
+    then declines them. One H200, five interleaved rounds (docs/notes/nvfp4-triton.md,
+    session `ring-sweep`), us at M = 17 / 32, this config against small_phased_kernel
+    (torch):
+    - 512 x 2048 (128 programs) 4.74 / 4.62 against 6.23 / 6.22 (5.70 / 5.76);
+    - 1536 x 2048 (384) 6.03 / 5.84 against 6.54 / 6.49 (5.98 / 5.99);
+    - 576 x 1536 (108) 4.42 / 4.40 against 4.54 / 4.55 (5.01 / 5.06);
+    - 960 x 1536 (180, past one wave) 5.11 / 5.09 against 4.64 / 4.62: the phased kernel;
+    - K of 1280 and less keep the phased kernel: 576 x 1280 4.32 / 4.36 against 4.06 /
+      4.07, 1024 x 1024 4.39 / 4.41 against 3.80 / 3.73; so do 33 tokens and more."""
+    if m <= 16:
+        return True
+    if m > 32 or n * k >= 2**22 or k < 1536:
+        return False
+    if k >= 2048:
+        return True
+    block_k = 128  # pick_config's few-token tiles on a small layer (K past 768)
+    while k % block_k:
+        block_k //= 2
+    tiles = cdiv(n, 64) * cdiv(m, 16)
+    return tiles * _small_layer_split(k // block_k, tiles, sms) <= sms
 
 
 def _small_layer_split(k_steps: int, tiles: int, sms: int) -> int:

@@ -17,8 +17,8 @@ linear_kernels' Triton kernel (torch 5.06-5.13), M = 128 ~5.0 against 6.28-6.33
 At 1-16 tokens the Triton kernel stays faster (4.59-4.64 against 5.08-5.10). Up to 32
 tokens x comes in boxes of 32 rows, one per chunk (x_rows): 4.68-4.70 us at 17-32 tokens
 against 5.01-5.10 with the 64-row box (torch 4.99-5.05; session `boxes`); since session
-`ring-sweep` 17-32 tokens go to the Triton kernel where K is 1536 or more
-(linear_kernels.few_tokens), and the 32-row boxes serve K of three to five phases. A copy per
+`ring-sweep` 17-32 tokens go to the Triton kernel where K is 2048 or more, and at 1536
+where its programs fit in one wave (linear_kernels.few_tokens). A copy per
 chunk instead of per slot: 4.93-5.13 at 32-192 tokens, 6.34 at 256. Shallower rings lost
 (3 slots of 2 chunks 5.45-5.47 us at M = 64-128, 2 of 4 5.79), so did 128-token tiles on
 one or two warpgroups (7.0-9.7) and K split across two warpgroups (6.4-8.8).
@@ -208,12 +208,12 @@ def readable(x2: torch.Tensor, packed: torch.Tensor) -> bool:
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     """The config for an [m, k] x [n, k]^T product, or None where another kernel runs:
-    linear_kernels.few_tokens (1-16 tokens, and 17-32 where K is six phases or more: its
-    Triton kernel measured faster), layers of 2^22 weights
-    or more, K this kernel does not fit, and token counts past one wave at 32 rows. The
-    fewest rows (16, then 32) whose programs fit in one wave, as small_kernel picks: at
-    M = 256 16 rows take 144 programs (8.68-8.75 us) and 32 rows 72 (6.29)."""
-    if few_tokens(m, n, k) or n * k >= 2**22:
+    linear_kernels.few_tokens (1-16 tokens, and 17-32 where K is 2048 or more, or 1536
+    with that kernel's programs in one wave: its Triton kernel measured faster), layers
+    of 2^22 weights or more, K this kernel does not fit, and token counts past one wave at
+    32 rows. The fewest rows (16, then 32) whose programs fit in one wave, as small_kernel
+    picks: at M = 256 16 rows take 144 programs (8.68-8.75 us) and 32 rows 72 (6.29)."""
+    if few_tokens(m, n, k, sms) or n * k >= 2**22:
         return None
     for bn in (16, 32):
         cfg = dict(BN=bn, num_warps=4)
