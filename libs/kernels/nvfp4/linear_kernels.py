@@ -340,11 +340,15 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict:
     whole runs of steps (_small_layer_split). More tokens: K in runs of at most 576, each
     run's loads all in flight at once, 32-token tiles where they still make 64 tiles
     (_small_layer_runs)."""
+    return _config(m, n, k, sms, few_tokens(m, n, k, sms))
+
+
+def _config(m: int, n: int, k: int, sms: int, few: bool) -> dict:
+    """pick_config's config, with or without its few-token form (few)."""
     # Long rows: 128-row GEMV tiles measured 59.8 vs 62.4 us (64-row) on 8192 x 28672 at
     # M = 1, but 9.4 vs 9.0 us on 4096 x 4096, which keeps 64-row tiles.
     big = n >= 2048 and k >= 8192
     small = n * k < 2**22
-    few = few_tokens(m, n, k, sms)
     per_sm = 6 if few else 3  # the 8-warp tiles need fewer programs per SM
     if few:
         cfg = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4,
@@ -410,11 +414,8 @@ def few_tokens(m: int, n: int, k: int, sms: int = 132) -> bool:
         return False
     if k >= 2048:
         return True
-    block_k = 128  # pick_config's few-token tiles on a small layer (K past 768)
-    while k % block_k:
-        block_k //= 2
-    tiles = cdiv(n, 64) * cdiv(m, 16)
-    return tiles * _small_layer_split(k // block_k, tiles, sms) <= sms
+    cfg = _config(m, n, k, sms, few=True)
+    return cdiv(n, cfg["BLOCK_N"]) * cdiv(m, cfg["BLOCK_M"]) * cfg["SPLIT_K"] <= sms
 
 
 def _small_layer_split(k_steps: int, tiles: int, sms: int) -> int:
