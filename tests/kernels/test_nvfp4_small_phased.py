@@ -106,6 +106,31 @@ def test_phased_pick_config():
     assert ph.pick_config(64, 576, 1600) is None  # K not in whole phases
 
 
+def test_long_and_light_calls_go_to_the_triton_kernel():
+    # K of 2048 or more at 33-128 tokens under 2^27 multiply-adds: the Triton kernel;
+    # the bound itself (512 x 2048 at 128 tokens, 1024 x 2048 at 64), shorter K and more
+    # tokens keep this kernel
+    assert ph.long_and_light(33, 512, 2048) and ph.long_and_light(96, 512, 2048)
+    assert ph.long_and_light(48, 960, 2560) and ph.long_and_light(128, 256, 2048)
+    assert not ph.long_and_light(32, 512, 2048)  # few_tokens' range
+    assert not ph.long_and_light(128, 512, 2048) and not ph.long_and_light(64, 1024, 2048)
+    assert not ph.long_and_light(129, 256, 2048) and not ph.long_and_light(64, 960, 2560)
+    assert not ph.long_and_light(48, 576, 1536) and not ph.long_and_light(100, 1024, 1792)
+    assert ph.pick_config(48, 960, 2560) is None
+    assert ph.pick_config(64, 960, 2560) == ph.pick_config(128, 512, 2048) == CONFIGS[0]
+    from libs.kernels import nvfp4_linear
+    from libs.kernels.nvfp4 import linear_kernels as lk
+
+    for n, k, m, kernel in ((960, 2560, 48, "triton"), (960, 2560, 64, "small_phased"),
+                            (256, 2048, 100, "triton"), (256, 2048, 129, "small_phased")):
+        packed, scales, s2 = cuda_weight(n, k, torch.bfloat16, seed=13)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        assert lk.route(x, packed, scales, out)[0] == kernel, (n, k, m)
+        check_linear_exact(nvfp4_linear(x, packed, scales, s2), x, packed, scales, s2, None,
+                           torch.bfloat16)
+
+
 def test_phased_misaligned_x_goes_to_the_triton_kernel():
     # a view one element into its rows: TMA cannot read it at any M (small_kernel reads such
     # an x with plain loads up to 32 tokens, this kernel cannot), so the Triton kernel runs

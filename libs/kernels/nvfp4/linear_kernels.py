@@ -47,7 +47,8 @@ at M = 64, torch 128-142 us), layers under 2^22 weights with K up to 576 to smal
 (one decode per tile of 16-32 weight rows into shared memory, then wgmma with x as A, by
 TMA or up to 32 tokens straight into registers: SmolLM2's 576 x 576 at M = 256 in ~3.5 us
 against ~5.6 us here, at M = 1 ~2.7 against ~4.9 us), 17 tokens or more on small layers
-with longer K (SmolLM2's down projection, K = 1536; past 32 tokens where few_tokens says so)
+with longer K (SmolLM2's down projection, K = 1536; past 32 tokens where few_tokens says so,
+and not where small_phased_kernel.long_and_light does)
 to small_phased_kernel.py (the same
 form with x streamed through a ring of shared buffers: ~5.0 against ~6.3 us here at M =
 128, ~5.8 against the GEMM's ~6.4 at M = 256), and the small layers both decline at 129-256

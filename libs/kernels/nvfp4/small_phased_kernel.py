@@ -18,7 +18,9 @@ At 1-16 tokens the Triton kernel stays faster (4.59-4.64 against 5.08-5.10). Up 
 tokens x comes in boxes of 32 rows, one per chunk (x_rows): 4.68-4.70 us at 17-32 tokens
 against 5.01-5.10 with the 64-row box (torch 4.99-5.05; session `boxes`); since session
 `ring-sweep` 17-32 tokens go to the Triton kernel where K is 2048 or more, and at 1536
-where its programs fit in one wave (linear_kernels.few_tokens). A copy per
+where its programs fit in one wave (linear_kernels.few_tokens), and since session
+`long-light` 33-128 tokens where K is 2048 or more under 2^27 multiply-adds
+(long_and_light). A copy per
 chunk instead of per slot: 4.93-5.13 at 32-192 tokens, 6.34 at 256. Shallower rings lost
 (3 slots of 2 chunks 5.45-5.47 us at M = 64-128, 2 of 4 5.79), so did 128-token tiles on
 one or two warpgroups (7.0-9.7) and K split across two warpgroups (6.4-8.8).
@@ -212,14 +214,36 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     with that kernel's programs in one wave: its Triton kernel measured faster), layers
     of 2^22 weights or more, K this kernel does not fit, and token counts past one wave at
     32 rows. The fewest rows (16, then 32) whose programs fit in one wave, as small_kernel
-    picks: at M = 256 16 rows take 144 programs (8.68-8.75 us) and 32 rows 72 (6.29)."""
-    if few_tokens(m, n, k, sms) or n * k >= 2**22:
+    picks: at M = 256 16 rows take 144 programs (8.68-8.75 us) and 32 rows 72 (6.29).
+    Also declined: the calls long_and_light names."""
+    if few_tokens(m, n, k, sms) or n * k >= 2**22 or long_and_light(m, n, k):
         return None
     for bn in (16, 32):
         cfg = dict(BN=bn, num_warps=4)
         if fits(m, k, cfg) and cdiv(n, bn) * cdiv(m, 64) <= sms:
             return cfg
     return None
+
+
+def long_and_light(m: int, n: int, k: int) -> bool:
+    """Whether linear_kernels' Triton kernel (its own config for m tokens) takes a call
+    past few_tokens' 32 tokens: K of 2048 or more (eight phases and up, a long chain a
+    program) at up to 128 tokens and under 2^27 multiply-adds, where that kernel, which
+    splits K over more programs, keeps the call (from 2^27 dequantize_route takes its
+    calls). Its outputs are exact to the same bound, not bit-equal to this kernel's. A/B
+    through the route on one H200, five interleaved rounds (docs/notes/nvfp4-triton.md,
+    session `long-light`), us, after against before (torch):
+    - 512 x 2048 at M = 33 / 48 / 64 / 96: 5.04 / 5.03 / 5.14 / 5.95 against 6.18 / 5.88 /
+      5.89 / 6.85 (5.82 / 5.76 / 5.78 / 5.80);
+    - 960 x 2560 (SmolLM2-360M's down projection) at M = 33 / 48: 6.13 / 6.22 against
+      8.63 / 7.63 (6.56 / 6.57); 768 x 3072: 6.32 / 6.35 against 9.39 / 8.44 (8.09 / 7.99);
+    - 1024 x 2048 at M = 33 / 48: 6.08 / 6.11 against 7.22 / 6.33; 1536 x 2048 at M = 33:
+      7.04 against 8.23;
+    - 256 x 2048 at M = 33-128: 4.91-5.10 against 5.77-5.83 (5.72-5.75).
+    This kernel keeps the calls past the bound, and wins some outright in a probe of both
+    kernels: 1024 x 2048 at M = 64 5.93 against 6.12, 1536 x 2048 at M = 48 / 64 6.72 /
+    6.11 against 7.32 / 7.35, and 129-256 tokens."""
+    return k >= 2048 and 32 < m <= 128 and m * n * k < 2**27
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
