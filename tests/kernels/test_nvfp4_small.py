@@ -59,14 +59,15 @@ def test_small_is_deterministic(cfg):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
+@pytest.mark.parametrize("m", [20, 100])  # at 100 with x by TMA, a last tile moved back
 @pytest.mark.parametrize("cfg", CONFIGS[:3] + REG_CONFIGS, ids=_name)
-def test_small_does_not_write_past_m_or_n(cfg):
+def test_small_does_not_write_past_m_or_n(cfg, m):
     packed, scales, s2 = cuda_weight(100, 576, torch.bfloat16, seed=5)
-    x = torch.randn(20, 576, device=CUDA, dtype=torch.bfloat16)
-    big = torch.full((40, 128), 7.0, device=CUDA, dtype=torch.bfloat16)
-    out = big[:20, :100]  # row stride 128: anything written past n or m shows in big
+    x = torch.randn(m, 576, device=CUDA, dtype=torch.bfloat16)
+    big = torch.full((130, 128), 7.0, device=CUDA, dtype=torch.bfloat16)
+    out = big[:m, :100]  # row stride 128: anything written past n or m shows in big
     sk.launch(x, packed, scales, s2, None, out, cfg)
-    assert (big[20:] == 7).all() and (big[:, 100:] == 7).all()
+    assert (big[m:] == 7).all() and (big[:, 100:] == 7).all()
     check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
 
 

@@ -41,7 +41,9 @@ TMA against 3.12 at 64, and 3.03-3.16 here; the engine's 960 x 576 2.95-3.06 aga
 3.23-3.36, 3072 x 576 3.54-3.82 against 3.92-4.07; 576 x 576 ties (2.89-3.02 against
 2.97-2.99) and 192 x 576 loses 0.04-0.11 (2.82-2.93). From 40 tokens the TMA form wins
 except on 1536 rows, and at 256 this form loses (1536 x 576 5.10 against 4.57: a
-program's 128 token rows through the load path).
+program's 128 token rows through the load path). Past one tile, where M is not whole
+tiles, the last tile moves back to end at M, so no box runs past M (shifted_row0, since
+session `long-light`; small_phased_kernel does the same).
 
 Longer K (SmolLM2's down projection, K = 1536) does not fit x's tile in shared memory:
 small_phased_kernel streams it through a ring.
@@ -264,10 +266,12 @@ def _decode_to_shared(words, scales, SW: gl.constexpr, dtype: gl.constexpr,
 
 
 @gluon.jit
-def _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om,
+def _store_tokens(acc, row0, first, out_rows, s2, bias, out_ptr, M, N, stride_om,
                   HAS_BIAS: gl.constexpr, OUT_LOG2: gl.constexpr, WIDE: gl.constexpr):
-    """out[tokens, rows] = acc * 2^OUT_LOG2 * s2 (+ bias) for program pid_m's tokens,
-    masked to M and N: each token's rows are contiguous.
+    """out[tokens, rows] = acc * 2^OUT_LOG2 * s2 (+ bias) for the tile's tokens (row0 on),
+    masked to [first, M) and to N: each token's rows are contiguous. first > row0 where
+    the tile was moved back to end at M (shifted_row0): its rows before first belong to
+    the tile before it.
 
     In the accumulator's layout a thread holds two adjacent rows of a token: 4-byte
     stores, a warp's store half of a 32-byte sector per token. WIDE moves the scaled tile
@@ -290,9 +294,26 @@ def _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om,
                                             [gl.num_warps(), 1], [1, 0])
         y = gl.convert_layout(y, SL)
         out_rows = gl.convert_layout(out_rows, gl.SliceLayout(0, SL))
-    toks = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, y.type.layout))
+    toks = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, y.type.layout))
     ptrs = out_ptr + toks[:, None].to(gl.int64) * stride_om + out_rows[None, :]
-    gl.store(ptrs, y, mask=(toks < M)[:, None] & (out_rows < N)[None, :])
+    gl.store(ptrs, y, mask=((toks >= first) & (toks < M))[:, None] & (out_rows < N)[None, :])
+
+
+@gluon.jit
+def shifted_row0(pid_m, M, BM: gl.constexpr):
+    """The first token of program pid_m's tile where x comes by TMA and the launch moves
+    the last tile back (shifts_last_tile): pid_m * BM, but the last tile ends at M, so its
+    boxes never run past M. Its rows before pid_m * BM repeat the tile before it and are
+    not stored (_store_tokens' first); a row of the product depends on its own row of x
+    alone, so the outputs are bit-equal. Boxes past M (the TMA unit fills those rows with
+    zeros) cost a program up to several us on long K: A/B on one H200, five interleaved
+    rounds (docs/notes/nvfp4-triton.md, session `long-light`), us, moved against not
+    (torch): 1024 x 2048 (phased) at M = 65 / 100 6.10 / 6.15 against 10.62 / 8.14 (6.06 /
+    6.04), 960 x 2560 at M = 65 / 96 7.26 / 7.27 against 12.84 / 9.08 (6.65 / 6.69), 576 x
+    1536 at M = 65 4.84 against 5.51 (5.14; at M = 100 4.86 against 4.81), small_kernel's
+    1536 x 576 at M = 65 / 100 / 200 3.40 / 3.42 / 4.22 against 3.72 / 3.50 / 4.86 (3.88 /
+    3.83 / 4.10), 576 x 576 at M = 65 3.09 against 3.37 (3.71)."""
+    return gl.maximum(gl.minimum(pid_m * BM, M - BM), 0)
 
 
 @gluon.jit
@@ -302,6 +323,7 @@ def _small_kernel(
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
     OUT_LOG2: gl.constexpr, WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr,
     X_REGS: gl.constexpr, XL: gl.constexpr, WIDE: gl.constexpr, WORDS_ASM: gl.constexpr,
+    SHIFT: gl.constexpr,
 ):
     """out[tokens, rows] for BM tokens (64 a warpgroup: wgmma's A, from x_src, a TMA
     descriptor whose rows past M arrive as zeros, or for X_REGS x's pointer, loaded into
@@ -316,21 +338,34 @@ def _small_kernel(
     if X_REGS:
         dtype: gl.constexpr = x_src.dtype.element_ty
         AL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-        xa = _x_to_registers(x_src, stride_xm, pid_m * BM, M, KC, BM, XL, AL)
+        row0 = pid_m * BM
+        xa = _x_to_registers(x_src, stride_xm, row0, M, KC, BM, XL, AL)
         w_bufs = _decode_to_shared(words, scales, SW, dtype, True)
         for c in gl.static_range(KC):
             acc = warpgroup_mma(xa[c], w_bufs[c].permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc,) + xa)[0]
     else:
-        x_smem, x_bar = _x_by_tma(x_src, pid_m * BM, KC, SW)
+        row0 = pid_m * BM
+        if SHIFT:
+            row0 = shifted_row0(pid_m, M, BM)
+        x_smem, x_bar = _x_by_tma(x_src, row0, KC, SW)
         w_bufs = _decode_to_shared(words, scales, SW, x_src.dtype, False)
         mbarrier.wait(x_bar.index(0), 0)
         for c in gl.static_range(KC):
             acc = warpgroup_mma(x_smem.index(c), w_bufs[c].permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc,))
         mbarrier.invalidate(x_bar.index(0))
-    _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS, OUT_LOG2,
-                  WIDE)
+    _store_tokens(acc, row0, pid_m * BM, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS,
+                  OUT_LOG2, WIDE)
+
+
+def shifts_last_tile(m: int, bm: int) -> bool:
+    """Whether a launch moves its last token tile back (shifted_row0): where M is more
+    than a tile and not whole tiles. Elsewhere the kernel keeps pid_m * BM: with the move
+    computed at run time on every launch, whole tiles measured 0.03-0.18 us slower (576 x
+    1536 at M = 128 / 256 4.88 / 5.83 against 4.70 / 5.66; docs/notes/nvfp4-triton.md,
+    session `long-light`); with this flag a compile-time choice, they tie."""
+    return m > bm and m % bm != 0
 
 
 def fits(m: int, k: int, cfg: dict) -> bool:
@@ -444,6 +479,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
         xl = None
     x_src = x2 if make_x is None else make_x(x2)
     wide = not x_regs and wide_stores(n, out)
+    shift = shifts_last_tile(m, bm) and not x_regs
     asm = words_asm(packed, wl)
     words = packed.view(torch.int32)
     has_bias = bias is not None
@@ -452,8 +488,9 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
         (x_src, words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
          m, n, x2.stride(0), words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, OUT_LOG2=_DECODE[x2.dtype][1],
-             WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl, WIDE=wide, WORDS_ASM=asm),
-        dict(num_warps=w), (has_bias, bn, w, k, x2.dtype, x_regs, wide, asm), make_x)
+             WL=wl, ACC=acc, SW=sw, X_REGS=x_regs, XL=xl, WIDE=wide, WORDS_ASM=asm,
+             SHIFT=shift),
+        dict(num_warps=w), (has_bias, bn, w, k, x2.dtype, x_regs, wide, asm, shift), make_x)
 
 
 _LAUNCHES = LaunchCache(_small_kernel)  # a memo of compiled launches, as Triton's own cache

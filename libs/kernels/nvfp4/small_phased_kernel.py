@@ -58,6 +58,8 @@ from .small_kernel import (
     _load_rows,
     _store_tokens,
     layouts,
+    shifted_row0,
+    shifts_last_tile,
     tma_ready,
     wide_stores,
     words_asm,
@@ -90,10 +92,10 @@ def _fill(x_desc, x_ring, bars, slot: gl.constexpr, phase: gl.constexpr, row,
 
 
 @gluon.jit
-def _start_ring(x_desc, pid_m, BM: gl.constexpr, XC: gl.constexpr, XS: gl.constexpr,
+def _start_ring(x_desc, row0, BM: gl.constexpr, XC: gl.constexpr, XS: gl.constexpr,
                 XR: gl.constexpr, NP: gl.constexpr, SW: gl.constexpr):
     """Allocate the ring's XS slots and their barriers and fill the first phases' with
-    program pid_m's tokens. Returns (the slots as TMA writes them, the same as wgmma
+    the tile's tokens (row0 on). Returns (the slots as TMA writes them, the same as wgmma
     reads them, the barriers)."""
     dtype: gl.constexpr = x_desc.dtype
     # a slot per allocation in the box's 3D layout, read by wgmma as [BM, 64] tiles
@@ -114,7 +116,7 @@ def _start_ring(x_desc, pid_m, BM: gl.constexpr, XC: gl.constexpr, XS: gl.conste
     fence_async_shared()
     for s in gl.static_range(XS):
         if s < NP:
-            _fill(x_desc, x_ring, bars, s, s, pid_m * BM, XC, XR)
+            _fill(x_desc, x_ring, bars, s, s, row0, XC, XR)
     return x_ring, x_tiles, bars
 
 
@@ -125,23 +127,26 @@ def _phased_kernel(
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
     XC: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, OUT_LOG2: gl.constexpr,
     WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr, WIDE: gl.constexpr,
-    WORDS_ASM: gl.constexpr,
+    WORDS_ASM: gl.constexpr, SHIFT: gl.constexpr,
 ):
     """out[tokens, rows] for 64 tokens and BN weight rows, as small_kernel's, with x in
     NP phases through the ring."""
     NP: gl.constexpr = KC // XC  # phases
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
+    row0 = pid_m * BM
+    if SHIFT:
+        row0 = shifted_row0(pid_m, M, BM)
     dtype: gl.constexpr = x_desc.dtype
     # Which goes out first, x's copies or the weights' loads (see the module doc): x's
     # where a slot is one box, the weights' where it is XC copies, each behind a barrier.
     if XR == BM:
-        x_ring, x_tiles, bars = _start_ring(x_desc, pid_m, BM, XC, XS, XR, NP, SW)
+        x_ring, x_tiles, bars = _start_ring(x_desc, row0, BM, XC, XS, XR, NP, SW)
     words, scales, out_rows, s2, bias = _load_rows(
         w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL, ACC,
         WORDS_ASM)
     if XR != BM:
-        x_ring, x_tiles, bars = _start_ring(x_desc, pid_m, BM, XC, XS, XR, NP, SW)
+        x_ring, x_tiles, bars = _start_ring(x_desc, row0, BM, XC, XS, XR, NP, SW)
     w_bufs = _decode_to_shared(words, scales, SW, dtype, False)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
     for p in gl.static_range(NP):
@@ -154,12 +159,12 @@ def _phased_kernel(
                 # only phase p's wgmmas may still read the ring: phase p - 1's slot is free
                 acc = warpgroup_mma_wait(XC, deps=(acc,))
                 gl.thread_barrier()
-                _fill(x_desc, x_ring, bars, (p - 1) % XS, p - 1 + XS, pid_m * BM, XC, XR)
+                _fill(x_desc, x_ring, bars, (p - 1) % XS, p - 1 + XS, row0, XC, XR)
     acc = warpgroup_mma_wait(0, deps=(acc,))
     for s in gl.static_range(XS):
         mbarrier.invalidate(bars.index(s))
-    _store_tokens(acc, pid_m, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS, OUT_LOG2,
-                  WIDE)
+    _store_tokens(acc, row0, pid_m * BM, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS,
+                  OUT_LOG2, WIDE)
 
 
 def _shared_bytes(bn: int, k: int, slots: int) -> int:
@@ -288,13 +293,15 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
     wide = wide_stores(n, out)
     asm = words_asm(packed, wl)
     xs = ring_slots(k, bn, xr == bm)
+    shift = shifts_last_tile(m, bm)
     return (
         (cdiv(n, bn), cdiv(m, bm)),
         (make_x(x2), words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
          m, n, words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=xs, XR=xr,
-             OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, WIDE=wide, WORDS_ASM=asm),
-        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype, wide, asm, xs), make_x)
+             OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, WIDE=wide, WORDS_ASM=asm,
+             SHIFT=shift),
+        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype, wide, asm, xs, shift), make_x)
 
 
 _LAUNCHES = LaunchCache(_phased_kernel)  # a memo of compiled launches, as Triton's own cache
