@@ -302,9 +302,9 @@ def _store_tokens(acc, row0, first, out_rows, s2, bias, out_ptr, M, N, stride_om
 @gluon.jit
 def shifted_row0(pid_m, M, BM: gl.constexpr):
     """The first token of program pid_m's tile where x comes by TMA and the launch moves
-    the last tile back (shifts_last_tile): pid_m * BM, but the last tile ends at M, so its
-    boxes never run past M. Its rows before pid_m * BM repeat the tile before it and are
-    not stored (_store_tokens' first); a row of the product depends on its own row of x
+    the last tile back (shifts_last_tile, so M > BM): pid_m * BM, but the last tile ends
+    at M, so its boxes never run past M. Its rows before pid_m * BM repeat the tile before
+    it and are not stored (_store_tokens' first); a row of the product depends on its own row of x
     alone, so the outputs are bit-equal. Boxes past M (the TMA unit fills those rows with
     zeros) cost a program up to several us on long K: A/B on one H200, five interleaved
     rounds (docs/notes/nvfp4-triton.md, session `long-light`), us, moved against not
@@ -313,6 +313,8 @@ def shifted_row0(pid_m, M, BM: gl.constexpr):
     1536 at M = 65 4.84 against 5.51 (5.14; at M = 100 4.86 against 4.81), small_kernel's
     1536 x 576 at M = 65 / 100 / 200 3.40 / 3.42 / 4.22 against 3.72 / 3.50 / 4.86 (3.88 /
     3.83 / 4.10), 576 x 576 at M = 65 3.09 against 3.37 (3.71)."""
+    # M > BM, so the clamp at 0 never binds: it compiles into the min (min.relu) and
+    # tells the compiler row0 is not negative
     return gl.maximum(gl.minimum(pid_m * BM, M - BM), 0)
 
 
@@ -335,19 +337,18 @@ def _small_kernel(
         w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL, ACC,
         WORDS_ASM)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
+    row0 = pid_m * BM
+    if SHIFT:  # x by TMA only (the host sets it so)
+        row0 = shifted_row0(pid_m, M, BM)
     if X_REGS:
         dtype: gl.constexpr = x_src.dtype.element_ty
         AL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)
-        row0 = pid_m * BM
         xa = _x_to_registers(x_src, stride_xm, row0, M, KC, BM, XL, AL)
         w_bufs = _decode_to_shared(words, scales, SW, dtype, True)
         for c in gl.static_range(KC):
             acc = warpgroup_mma(xa[c], w_bufs[c].permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc,) + xa)[0]
     else:
-        row0 = pid_m * BM
-        if SHIFT:
-            row0 = shifted_row0(pid_m, M, BM)
         x_smem, x_bar = _x_by_tma(x_src, row0, KC, SW)
         w_bufs = _decode_to_shared(words, scales, SW, x_src.dtype, False)
         mbarrier.wait(x_bar.index(0), 0)
