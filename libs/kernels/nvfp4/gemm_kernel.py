@@ -223,9 +223,10 @@ def _split_k_finish(acc, c_smem, out_desc, s2_ptr, bias_ptr, ws_ptr, cnt_ptr, N,
 def _gemm_kernel(
     x_desc, w_desc, s_desc, out_desc, s2_ptr, bias_ptr, ws_ptr, cnt_ptr, N,
     k_steps,  # BK steps per split: K // (BK * SPLIT_K)
+    M,
     HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, X_STEPS: gl.constexpr,
     W_STAGES: gl.constexpr, OUT_LOG2: gl.constexpr, SPLIT_K: gl.constexpr,
-    LOOKAHEAD: gl.constexpr,
+    LOOKAHEAD: gl.constexpr, SHIFT: gl.constexpr,
 ):
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -239,6 +240,8 @@ def _gemm_kernel(
     ACC: gl.constexpr = acc_layout(BM)
     off_n = gl.program_id(0) * BN
     off_m = gl.program_id(1) * BM
+    if SHIFT:  # the last tile ends at M: no x box past M (its first rows are stored twice)
+        off_m = gl.minimum(off_m, M - BM)
     k_first = gl.program_id(2) * k_steps
     x_bufs = gl.allocate_shared_memory(x_desc.dtype, [STAGES * X_STEPS, BM, BK], x_desc.layout)
     w_ring = gl.allocate_shared_memory(gl.int32, [W_STAGES] + w_desc.block_type.shape,
@@ -366,8 +369,14 @@ def viewable(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 
 
 def needs_pad(m: int, cfg: dict) -> bool:
-    """Whether launch copies x into whole token tiles first (see launch)."""
-    return bool(m % cfg["BM"] and cfg.get("PAD_X", cfg["BM"] >= 128))
+    """Whether launch copies x into whole token tiles first (see launch): under one tile;
+    past one, the last tile moves back to end at M instead (shifts)."""
+    return bool(m < cfg["BM"] and cfg.get("PAD_X", cfg["BM"] >= 128))
+
+
+def shifts(m: int, cfg: dict) -> bool:
+    """Whether the last token tile starts at M - BM (M past one tile, not whole tiles)."""
+    return m > cfg["BM"] and m % cfg["BM"] != 0
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
@@ -380,6 +389,10 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
         # slow in 128- and 256-token tiles (8192 x 28672: M = 80 162 us unpadded against
         # 103 us padded, M = 192 242 against 168) but not in smaller ones (M = 17 in 32:
         # 67 against 72 us). The pad rows' outputs are never stored: they need no values.
+        # Past one tile the last tile moves back to end at M instead (shifts), which also
+        # saves the copy: 4096 x 4096 at M = 200 17.4 against 19.1 us, M = 1000 48.9
+        # against 53.5; 576 x 1536 at M = 1000 8.4 against 10.5 (docs/notes/bench/
+        # gemm_shift_ab.json).
         padded = x2.new_empty(cdiv(m, cfg["BM"]) * cfg["BM"], k)
         padded[:m].copy_(x2)
         x2 = padded
@@ -437,10 +450,10 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
     return (
         grid,
         (make_x(x2), w_desc, s_desc, make_out(out), s2, bias if bias is not None else s2,
-         ws, cnt, n, k // (bk * split)),
+         ws, cnt, n, k // (bk * split), m),
         dict(HAS_BIAS=bias is not None, STAGES=cfg["STAGES"], X_STEPS=cfg.get("X_STEPS", 1),
              W_STAGES=cfg["W_STAGES"], OUT_LOG2=_DECODE[x2.dtype][1], SPLIT_K=split,
-             LOOKAHEAD=cfg.get("LOOKAHEAD", False)),
+             LOOKAHEAD=cfg.get("LOOKAHEAD", False), SHIFT=shifts(m, cfg)),
         # 6 warps (4 + two loaders), launched as 8: 232 registers -> 59.4K, one program
         # per SM; 128 -> two
         dict(num_warps=4, maxnreg=cfg.get("maxnreg", 232)),
