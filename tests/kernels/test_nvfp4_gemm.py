@@ -82,6 +82,28 @@ def test_gemm_does_not_write_past_m_or_n():
     check_linear_exact(out, x, packed, scales, s2, None, torch.bfloat16)
 
 
+def test_wide_layers_run_the_tokens_past_whole_tiles_as_a_second_launch():
+    # whole_tiles_first: 17-128 tokens past whole 256-token tiles, on a layer whose row of
+    # 256-token tiles fills three quarters of the SMs
+    cfg = gk.pick_config(300, 8192, 2048, 132)
+    assert (cfg["HEAD"], cfg["BM"], cfg["REST"]["BM"]) == (256, 256, 64)
+    assert gk.pick_config(600, 8192, 2048, 132)["HEAD"] == 512
+    for m, n, k in ((272, 8192, 2048), (450, 8192, 2048), (512, 8192, 2048),  # 16 / 194
+                    (300, 4096, 4096)):  # tokens past, whole tiles; a narrower layer
+        assert "HEAD" not in gk.pick_config(m, n, k, 132)
+    packed, scales, s2 = cuda_weight(8192, 2048, torch.bfloat16, seed=7)
+    bias = torch.randn(8192, device=CUDA, dtype=torch.bfloat16)
+    for m in (300, 330, 384):  # the rest in a 64-token tile, a copied 128 one, a whole 128
+        x = torch.randn(m, 2048, device=CUDA, dtype=torch.bfloat16)
+        big = torch.full((m + 40, 8256), 7.0, device=CUDA, dtype=torch.bfloat16)
+        out = big[:m, :8192]  # writes past n or m show in big
+        cfg = gk.pick_config(m, 8192, 2048)
+        assert cfg["HEAD"] == 256 and gk.needs_pad(m, cfg) == (m == 330)
+        gk.launch(x, packed, scales, s2, bias, out, cfg)
+        assert (big[m:] == 7).all() and (big[:, 8192:] == 7).all()
+        check_linear_exact(out, x, packed, scales, s2, bias, torch.bfloat16)
+
+
 def test_fits_and_pick_config():
     assert gk.fits(256, 4096, _cfg(split=4)) and not gk.fits(256, 4096 + 256, _cfg(split=2))
     assert not gk.fits(256, 576, _cfg())  # K not whole 256-wide scale slots

@@ -193,6 +193,26 @@ def test_gpu_gemm_calls_that_pad_x_stay_unplanned_and_exact():
 
 @gpu
 @needs_cuda
+def test_gpu_two_launch_gemm_calls_are_planned_and_equal():
+    from libs.kernels.nvfp4 import linear_kernels as lk
+
+    packed, scales, s2 = cuda_weight(8192, 2048, torch.bfloat16, seed=11)
+    bias = torch.randn(8192, device="cuda", dtype=torch.bfloat16)
+    f = prepare_nvfp4_linear(packed, scales, s2, bias)
+    # 44 tokens past 256 run in a 64-token tile (planned: two bound launches); 74 past,
+    # in a 128-token tile whose x is copied first (not planned)
+    for m, planned in ((300, True), (330, False)):
+        x = torch.randn(2, m // 2, 2048, device="cuda", dtype=torch.bfloat16)
+        kernel, cfg = lk.route(x.view(m, 2048), packed, scales,
+                               torch.empty(m, 8192, device="cuda", dtype=torch.bfloat16))
+        assert kernel == "gemm" and cfg["HEAD"] == 256
+        for _ in range(3):
+            assert torch.equal(f(x), nvfp4_linear(x, packed, scales, s2, bias))
+        assert (list(f._plans.values())[-1] is not None) == planned, m
+
+
+@gpu
+@needs_cuda
 def test_gpu_plans_keep_no_input_or_output_alive():
     """A plan keeps the weight's tensors, not the tensors of the call that made it: with
     prompts a plan a chunk length, holding them would pin megabytes a layer."""

@@ -291,13 +291,20 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     also up to two programs per SM while each split keeps 8192 of K (the split-K sum
     costs a few us: 8192 x 28672 at M = 128 takes 102 us split in two against 141 us
     whole; 4096 x 4096 at M = 256 takes 22.4 us split against 19.6 us whole). From sweeps
-    on an H200 (docs/notes/nvfp4-triton.md, sessions `gluon-gemm` and `gemm-registers`)."""
+    on an H200 (docs/notes/nvfp4-triton.md, sessions `gluon-gemm` and `gemm-registers`).
+    Some token counts past 256 on wide layers split into two launches (whole_tiles_first):
+    the first launch's config then carries HEAD (its tokens) and REST (the rest's config)."""
     if m <= 16 or n % 8:
         return None
     if n * k < 2**22:
         return _small_layer_config(m, n, k, sms)
     if n * k < 2**24:
         return None
+    head = whole_tiles_first(m, n, sms)
+    if head:
+        first, rest = pick_config(head, n, k, sms), pick_config(m - head, n, k, sms)
+        if first and rest:
+            return dict(first, HEAD=head, REST=rest)
     bm = 256 if m > 128 else max(16, 1 << (m - 1).bit_length())
     n_tiles = cdiv(n, 64)
     if bm == 256 and 2 * n_tiles * cdiv(m, 256) <= sms < 2 * n_tiles * cdiv(m, 128):
@@ -326,6 +333,24 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
         # the MMA warpgroup reads each step ahead (_mma_partition's LOOKAHEAD).
         cfg.update(X_STEPS=2, STAGES=3 if bm == 256 else 4, LOOKAHEAD=True)
     return cfg
+
+
+def whole_tiles_first(m: int, n: int, sms: int) -> int:
+    """The tokens of a first launch in whole 256-token tiles (launch runs the rest in the
+    config picked for them), or 0 for one launch. Where a row of 256-token tiles fills
+    three quarters of the SMs and M leaves 17-128 tokens past whole tiles, one launch's
+    last row of tiles takes a wave of its own for those few tokens; the rest's own config
+    (tiles of up to 128 tokens, two programs an SM) takes less. Same-run A/B through
+    the route on an H200, five interleaved rounds, outputs checked against the exact
+    product (docs/notes/bench/gemm_two_launches_ab.json), us, two launches against one
+    (torch): 8192 x 28672 at M = 300 / 384 / 600 262 / 274 / 465 against 340 / 351 / 538
+    (191 / 243 / 391); 28672 x 8192 306 / 331 / 488 against 340 / 348 / 543 (210 / 243 /
+    434); 14336 x 4096 76 / 77 / 129 against 97 / 97 / 146 (53 / 62 / 101). Not taken, from
+    a probe (..._probe.json): 194 tokens past (M = 450: the rest in 256-token tiles again,
+    367 against 366) and narrower layers (4096 x 14336 at M = 300 77 against 79; 4096 x
+    4096 lost, 28.5 / 33.9 against 25.5 / 25.2 at M = 300 / 400)."""
+    rest = m % 256
+    return m - rest if m > 256 and 16 < rest <= 128 and 4 * cdiv(n, 64) >= 3 * sms else 0
 
 
 def _small_layer_config(m: int, n: int, k: int, sms: int) -> dict | None:
@@ -371,6 +396,8 @@ def viewable(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
 def needs_pad(m: int, cfg: dict) -> bool:
     """Whether launch copies x into whole token tiles first (see launch): under one tile;
     past one, the last tile moves back to end at M instead (shifts)."""
+    if "REST" in cfg:
+        return needs_pad(m - cfg["HEAD"], cfg["REST"])
     return bool(m < cfg["BM"] and cfg.get("PAD_X", cfg["BM"] >= 128))
 
 
@@ -382,8 +409,14 @@ def shifts(m: int, cfg: dict) -> bool:
 def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias) with cfg = dict(BN, BM, BK, G, STAGES (x
     slots), W_STAGES, SPLIT_K, and optionally X_STEPS (steps per x slot, default 1),
-    maxnreg (default 232), PAD_X); requires fits() and viewable()."""
+    maxnreg (default 232), PAD_X), or such a config with HEAD and REST (whole_tiles_first):
+    two launches; requires fits() and viewable()."""
     m, k = x2.shape
+    if "REST" in cfg:
+        h = cfg["HEAD"]
+        launch(x2[:h], packed, scales, s2, bias, out[:h], _head(cfg))
+        launch(x2[h:], packed, scales, s2, bias, out[h:], cfg["REST"])
+        return out
     if needs_pad(m, cfg):
         # Whole token tiles: x boxes reaching past M (TMA fills them with zeros) measured
         # slow in 128- and 256-token tiles (8192 x 28672: M = 80 162 us unpadded against
@@ -407,10 +440,34 @@ def bind(x2, packed, scales, s2, bias, out, cfg) -> Launch:
     and alignment: each call makes x's and out's TMA descriptors. Not for calls that pad
     x (needs_pad). Its split-K workspace and counters are the current stream's, so the
     caller keeps one Launch a stream."""
+    if "REST" in cfg:
+        h = cfg["HEAD"]
+        return _Halves(h, x2.shape, out.shape,
+                       bind(x2[:h], packed, scales, s2, bias, out[:h], _head(cfg)),
+                       bind(x2[h:], packed, scales, s2, bias, out[h:], cfg["REST"]))
     grid, args, constexprs, options, make_x, make_out = _call(
         x2, packed, scales, s2, bias, out, cfg, shared_ws=True)
     return _LAUNCHES.bind(grid, args, constexprs, options, None, args[0], args[3], make_x,
                           make_out)
+
+
+def _head(cfg: dict) -> dict:
+    """The first launch's config of a HEAD / REST pair."""
+    return {key: v for key, v in cfg.items() if key not in ("HEAD", "REST")}
+
+
+class _Halves:
+    """Two bound launches, on x's and out's first `head` rows and on the rest, called as
+    one Launch."""
+
+    def __init__(self, head: int, x_shape, out_shape, first: Launch, rest: Launch) -> None:
+        self.head, self.x_shape, self.out_shape = head, tuple(x_shape), tuple(out_shape)
+        self.first, self.rest = first, rest
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        x2, out2, h = x.view(self.x_shape), out.view(self.out_shape), self.head
+        self.first(x2[:h], out2[:h])
+        self.rest(x2[h:], out2[h:])
 
 
 def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
