@@ -88,9 +88,10 @@ def test_wide_layers_run_the_tokens_past_whole_tiles_as_a_second_launch():
     cfg = gk.pick_config(300, 8192, 2048, 132)
     assert (cfg["HEAD"], cfg["BM"], cfg["REST"]["BM"]) == (256, 256, 64)
     assert gk.pick_config(600, 8192, 2048, 132)["HEAD"] == 512
+    assert gk.pick_config(600, 4096, 4096, 132)["HEAD"] == 512  # 128 programs, not 192
     for m, n, k in ((272, 8192, 2048), (450, 8192, 2048), (512, 8192, 2048),  # 16 / 194
-                    (300, 4096, 4096)):  # tokens past, whole tiles; a narrower layer
-        assert "HEAD" not in gk.pick_config(m, n, k, 132)
+                    (300, 4096, 4096), (800, 4096, 4096)):  # tokens past, whole tiles;
+        assert "HEAD" not in gk.pick_config(m, n, k, 132)  # as many waves either way
     packed, scales, s2 = cuda_weight(8192, 2048, torch.bfloat16, seed=7)
     bias = torch.randn(8192, device=CUDA, dtype=torch.bfloat16)
     for m in (300, 330, 384):  # the rest in a 64-token tile, a copied 128 one, a whole 128

@@ -337,20 +337,26 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
 
 def whole_tiles_first(m: int, n: int, sms: int) -> int:
     """The tokens of a first launch in whole 256-token tiles (launch runs the rest in the
-    config picked for them), or 0 for one launch. Where a row of 256-token tiles fills
-    three quarters of the SMs and M leaves 17-128 tokens past whole tiles, one launch's
-    last row of tiles takes a wave of its own for those few tokens; the rest's own config
-    (tiles of up to 128 tokens, two programs an SM) takes less. Same-run A/B through
-    the route on an H200, five interleaved rounds, outputs checked against the exact
-    product (docs/notes/bench/gemm_two_launches_ab.json), us, two launches against one
-    (torch): 8192 x 28672 at M = 300 / 384 / 600 262 / 274 / 465 against 340 / 351 / 538
-    (191 / 243 / 391); 28672 x 8192 306 / 331 / 488 against 340 / 348 / 543 (210 / 243 /
-    434); 14336 x 4096 76 / 77 / 129 against 97 / 97 / 146 (53 / 62 / 101). Not taken, from
-    a probe (..._probe.json): 194 tokens past (M = 450: the rest in 256-token tiles again,
-    367 against 366) and narrower layers (4096 x 14336 at M = 300 77 against 79; 4096 x
-    4096 lost, 28.5 / 33.9 against 25.5 / 25.2 at M = 300 / 400)."""
-    rest = m % 256
-    return m - rest if m > 256 and 16 < rest <= 128 and 4 * cdiv(n, 64) >= 3 * sms else 0
+    config picked for them), or 0 for one launch. Where M leaves 17-128 tokens past whole
+    tiles and their row of 256-token tiles (one program an SM) would add a wave to the
+    launch, the rest's own config (tiles of up to 128 tokens, two programs an SM) takes
+    less. Same-run A/B through the route on an H200, five interleaved rounds, outputs
+    checked against the exact product (docs/notes/bench/gemm_two_launches_ab.json), us,
+    two launches against one (torch): 8192 x 28672 at M = 300 / 384 / 600 262 / 274 / 465
+    against 340 / 351 / 538 (191 / 243 / 391); 28672 x 8192 306 / 331 / 488 against 340 /
+    348 / 543 (210 / 243 / 434); 14336 x 4096 76 / 77 / 129 against 97 / 97 / 146 (53 / 62
+    / 101); a second A/B (..._ab2.json): 4096 x 4096 at M = 600 40.6 against 47.3 (28.1),
+    4096 x 14336 113 against 153 (92), 8192 x 28672 at M = 800 586 against 675 (556). In
+    probes (gemm_two_launches_probe.json, gemm_tile_sweep_520_1000.json), where the
+    whole tiles take as many waves as all of them, two launches lose or tie: 4096 x 4096
+    at M = 300 / 400 / 800 28.5 / 33.9 / 57.1 against 25.5 / 25.2 / 48.7, 4096 x 14336 at
+    M = 300 77 against 79; and so do 129 tokens or more past (the rest in 256-token tiles
+    again: 8192 x 28672 at M = 450 367 against 366)."""
+    rest, rows = m % 256, cdiv(n, 64)
+    if m < 256 or not 16 < rest <= 128:
+        return 0
+    fewer_waves = cdiv(rows * (m // 256), sms) < cdiv(rows * cdiv(m, 256), sms)
+    return m - rest if fewer_waves else 0
 
 
 def _small_layer_config(m: int, n: int, k: int, sms: int) -> dict | None:
