@@ -24,8 +24,9 @@ TMA overwrites a slot whose words were read by the MMA warpgroup's generic loads
 
 Tiles of up to 128 tokens fit in 128 registers a thread, so two programs share an SM and
 one decodes while the other's wgmmas run; 256-token tiles hold a 128-register accumulator
-and run one per SM. Where M is not whole tiles, the last tile moves back to end at M (its
-first rows are computed twice, stored once), so no x box reaches past M; and where a few
+and run one per SM. Where M is not whole tiles, the last tile moves back to end at M (the
+rows it shares with the tile before are computed and stored twice, with the same values),
+so no x box reaches past M; and where a few
 tokens past whole 256-token tiles would take a wave of their own, they run as a second
 launch in their own config (whole_tiles_first).
 
