@@ -117,6 +117,11 @@ def test_fits_and_pick_config():
     narrow = gk.pick_config(256, 2048, 8192)
     assert (narrow["BM"], narrow["SPLIT_K"]) == (256, 4)  # 32 tiles either way: split K
     assert gk.pick_config(100, 4096, 4096)["BM"] == 128
+    # 192 tiles of 256 tokens: K halves fill the second wave, where K is 8192 or more
+    assert [gk.pick_config(520, 4096, k, 132)["SPLIT_K"] for k in (4096, 8192, 14336)] == [
+        1, 2, 2]
+    assert gk.pick_config(800, 4096, 14336, 132)["SPLIT_K"] == 1  # 256 tiles: 2 waves either way
+    assert gk.pick_config(520, 6144, 8192, 132)["SPLIT_K"] == 1  # 288: 5 half waves against 3
     assert gk.pick_config(17, 4096, 4096)["BM"] == 32
     long = gk.pick_config(128, 8192, 28672)  # two programs per SM, splits keep 14336 of K
     assert (long["BM"], long["SPLIT_K"], long["maxnreg"]) == (128, 2, 128)

@@ -328,6 +328,21 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
         cfg["SPLIT_K"] *= 2
     while bm <= 128 and may_split(2, 8192):
         cfg["SPLIT_K"] *= 2
+    if (bm == 256 and cfg["SPLIT_K"] == 1 and k >= 8192
+            and 2 * cdiv(2 * tiles, sms) <= 3 * cdiv(tiles, sms)
+            and fits(m, k, dict(cfg, SPLIT_K=2))):
+        # Past one wave, whole-K tiles that leave the last wave part-empty: halves of K
+        # fill it, in waves of half the length, where that is at most 3/4 of the time
+        # (the split's sum costs the rest). A/B through the route on an H200, five
+        # interleaved rounds, outputs checked against the exact product (docs/notes/
+        # bench/gemm_split_256_ab.json), us, split against whole (torch), 192 tiles:
+        # 4096 x 14336 / 4096 x 8192 / 4096 x 28672 at M = 520 141.5 / 84.6 / 271.6
+        # against 160.6 / 89.0 / 352.6 (85.5 / 49.5 / 181.3), 6144 x 8192 at M = 400 85.8
+        # against 92.0 (63.1). Not taken: 288 tiles (6144 x 8192 at M = 520: 5 half waves
+        # against 3, 143.4 against 137.8), K = 4096 (4096 x 4096 at M = 520 51.0 against
+        # 47.0, gemm_split_256_probe.json), and no fewer waves (4096 x 14336 at M = 800
+        # 183 against 158, gemm_tile_sweep_520_1000.json).
+        cfg["SPLIT_K"] = 2
     if bm == 256 or tiles * cfg["SPLIT_K"] <= sms:
         # One program per SM: x slots of two steps, three of them (half the x barrier
         # traffic, six steps of x in flight): 159.0 against 162-164 us on 8192 x 28672 at
