@@ -83,8 +83,8 @@ def test_gemm_does_not_write_past_m_or_n():
 
 
 def test_wide_layers_run_the_tokens_past_whole_tiles_as_a_second_launch():
-    # whole_tiles_first: 17-128 tokens past whole 256-token tiles, on a layer whose row of
-    # 256-token tiles fills three quarters of the SMs
+    # whole_tiles_first: 17-128 tokens past whole 256-token tiles, where the whole tiles
+    # take fewer waves (one program an SM) than all of them
     cfg = gk.pick_config(300, 8192, 2048, 132)
     assert (cfg["HEAD"], cfg["BM"], cfg["REST"]["BM"]) == (256, 256, 64)
     assert gk.pick_config(600, 8192, 2048, 132)["HEAD"] == 512

@@ -26,9 +26,8 @@ Tiles of up to 128 tokens fit in 128 registers a thread, so two programs share a
 one decodes while the other's wgmmas run; 256-token tiles hold a 128-register accumulator
 and run one per SM. Where M is not whole tiles, the last tile moves back to end at M (the
 rows it shares with the tile before are computed and stored twice, with the same values),
-so no x box reaches past M; and where a few
-tokens past whole 256-token tiles would take a wave of their own, they run as a second
-launch in their own config (whole_tiles_first).
+so no x box reaches past M; and where a few tokens past whole 256-token tiles would take a
+wave of their own, they run as a second launch in their own config (whole_tiles_first).
 
 Measured on an H200 (docs/notes/nvfp4-triton.md, sessions `gemm-registers` and
 `gemm-lookahead`), 8192 x 28672: M = 256 in 154-155 us against 171-175 us for torch's
