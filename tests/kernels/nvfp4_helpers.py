@@ -20,6 +20,12 @@ def codes_of(packed: torch.Tensor) -> list[int]:
     return reference.unpack(packed).flatten().tolist()
 
 
+def gemm_config(bm=256, split=1, stages=4, w_stages=2, maxnreg=None, g=4, **extra) -> dict:
+    """A gemm_kernel config: 64 x 64 steps, bm-token tiles, K split `split` ways."""
+    return dict(BN=64, BM=bm, BK=64, G=g, STAGES=stages, W_STAGES=w_stages, SPLIT_K=split,
+                maxnreg=maxnreg or (232 if bm > 128 else 128), **extra)
+
+
 def gluon_kernel(name: str):
     """The Gluon module libs.kernels.nvfp4.<name> for a GPU-only test module, which this
     skips whole (call it at module level) where there is no CUDA or no Gluon."""

@@ -13,17 +13,12 @@ from .nvfp4_helpers import (
     gluon_kernel,
     repeated_launches,
 )
+from .nvfp4_helpers import gemm_config as _cfg
 
 pytestmark = pytest.mark.gpu
 CUDA = "cuda"
 gk = gluon_kernel("gemm_kernel")
 from libs.kernels.nvfp4 import linear_kernels as lk  # noqa: E402  (after the skip)
-
-
-def _cfg(bm=256, split=1, stages=4, w_stages=2, maxnreg=None, g=4, **extra):
-    return dict(BN=64, BM=bm, BK=64, G=g, STAGES=stages, W_STAGES=w_stages, SPLIT_K=split,
-                maxnreg=maxnreg or (232 if bm > 128 else 128), **extra)
-
 
 CONFIGS = [_cfg(), _cfg(bm=128), _cfg(split=2), _cfg(bm=128, split=4), _cfg(w_stages=1),
            _cfg(w_stages=4), _cfg(stages=3), _cfg(stages=2, w_stages=3), _cfg(bm=64),
@@ -83,15 +78,7 @@ def test_gemm_does_not_write_past_m_or_n():
 
 
 def test_wide_layers_run_the_tokens_past_whole_tiles_as_a_second_launch():
-    # whole_tiles_first: 17-128 tokens past whole 256-token tiles, where the whole tiles
-    # take fewer waves (one program an SM) than all of them
-    cfg = gk.pick_config(300, 8192, 2048, 132)
-    assert (cfg["HEAD"], cfg["BM"], cfg["REST"]["BM"]) == (256, 256, 64)
-    assert gk.pick_config(600, 8192, 2048, 132)["HEAD"] == 512
-    assert gk.pick_config(600, 4096, 4096, 132)["HEAD"] == 512  # 128 programs, not 192
-    for m, n, k in ((272, 8192, 2048), (450, 8192, 2048), (512, 8192, 2048),  # 16 / 194
-                    (300, 4096, 4096), (800, 4096, 4096)):  # tokens past, whole tiles;
-        assert "HEAD" not in gk.pick_config(m, n, k, 132)  # as many waves either way
+    # whole_tiles_first (its rule: test_nvfp4_gemm_configs.py) on the GPU: two launches
     packed, scales, s2 = cuda_weight(8192, 2048, torch.bfloat16, seed=7)
     bias = torch.randn(8192, device=CUDA, dtype=torch.bfloat16)
     for m in (300, 330, 384):  # the rest in a 64-token tile, a copied 128 one, a whole 128
@@ -103,42 +90,6 @@ def test_wide_layers_run_the_tokens_past_whole_tiles_as_a_second_launch():
         gk.launch(x, packed, scales, s2, bias, out, cfg)
         assert (big[m:] == 7).all() and (big[:, 8192:] == 7).all()
         check_linear_exact(out, x, packed, scales, s2, bias, torch.bfloat16)
-
-
-def test_fits_and_pick_config():
-    assert gk.fits(256, 4096, _cfg(split=4)) and not gk.fits(256, 4096 + 256, _cfg(split=2))
-    assert not gk.fits(256, 576, _cfg())  # K not whole 256-wide scale slots
-    big = gk.pick_config(256, 8192, 28672)
-    assert (big["BM"], big["SPLIT_K"]) == (256, 1)  # 128 tiles already fill an H200
-    assert (big.get("X_STEPS"), big["STAGES"], big.get("LOOKAHEAD")) == (2, 3, True)  # one per SM
-    square = gk.pick_config(256, 4096, 4096)
-    assert (square["BM"], square["SPLIT_K"]) == (128, 1)  # 128-token tiles fill the SMs
-    assert (square["STAGES"], square.get("LOOKAHEAD")) == (4, True)  # room for four x slots
-    narrow = gk.pick_config(256, 2048, 8192)
-    assert (narrow["BM"], narrow["SPLIT_K"]) == (256, 4)  # 32 tiles either way: split K
-    assert gk.pick_config(100, 4096, 4096)["BM"] == 128
-    # 192 tiles of 256 tokens: K halves fill the second wave, where K is 8192 or more
-    assert [gk.pick_config(520, 4096, k, 132)["SPLIT_K"] for k in (4096, 8192, 14336)] == [
-        1, 2, 2]
-    assert gk.pick_config(800, 4096, 14336, 132)["SPLIT_K"] == 1  # 256 tiles: 2 waves either way
-    assert gk.pick_config(520, 6144, 8192, 132)["SPLIT_K"] == 1  # 288: 5 half waves against 3
-    assert gk.pick_config(17, 4096, 4096)["BM"] == 32
-    long = gk.pick_config(128, 8192, 28672)  # two programs per SM, splits keep 14336 of K
-    assert (long["BM"], long["SPLIT_K"], long["maxnreg"]) == (128, 2, 128)
-    assert long.get("X_STEPS", 1) == 1  # two programs per SM: the smaller x ring
-    assert not long.get("LOOKAHEAD")  # and no read-ahead
-    assert gk.pick_config(16, 8192, 28672) is None  # few tokens: the Triton kernel
-    assert gk.pick_config(256, 1536, 576) is None  # K = 576: not whole slots (small_kernel)
-    down = gk.pick_config(256, 576, 1536)  # SmolLM2's down projection, 129-256 tokens
-    assert down == _cfg(bm=32, g=8, X_STEPS=2, LOOKAHEAD=True)
-    assert gk.pick_config(128, 576, 1536) is None  # up to 128 tokens: the Triton kernel
-    # prompts: 64-token tiles while they fit in one wave (9 x 14 at 896 tokens), then 128
-    assert gk.pick_config(257, 576, 1536) == _cfg(bm=64, g=8, X_STEPS=2, LOOKAHEAD=True)
-    assert gk.pick_config(896, 576, 1536)["BM"] == 64
-    assert gk.pick_config(897, 576, 1536) == _cfg(bm=128, g=8, X_STEPS=2, LOOKAHEAD=True)
-    assert gk.pick_config(8192, 576, 1536)["BM"] == 128
-    assert gk.pick_config(256, 576, 1280)["G"] == 4  # K not whole 8-step slots
-    assert gk.pick_config(256, 4100, 4096) is None  # N not a multiple of 8
 
 
 def test_linear_routes_to_the_gemm_only_where_it_can():
