@@ -6,7 +6,7 @@ shifts). Plain Python on ints and dicts, without Triton, so these rules are test
 everywhere (tests/kernels/test_nvfp4_gemm_configs.py), as dequantize_route.py's are.
 """
 
-from .grid import cdiv
+from .grid import cdiv, shifts_last_tile
 
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
@@ -145,7 +145,7 @@ def needs_pad(m: int, cfg: dict) -> bool:
 
 def shifts(m: int, cfg: dict) -> bool:
     """Whether the last token tile starts at M - BM (M past one tile, not whole tiles)."""
-    return m > cfg["BM"] and m % cfg["BM"] != 0
+    return shifts_last_tile(m, cfg["BM"])
 
 
 def head_config(cfg: dict) -> dict:

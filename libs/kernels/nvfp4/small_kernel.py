@@ -77,7 +77,7 @@ from .gemv_kernel import (
     _load_s2_bias,
     words_load_asm,
 )
-from .grid import cdiv
+from .grid import cdiv, shifts_last_tile
 from .launch_cache import Launch, LaunchCache
 from .linear_kernels import _DECODE
 
@@ -358,15 +358,6 @@ def _small_kernel(
         mbarrier.invalidate(x_bar.index(0))
     _store_tokens(acc, row0, pid_m * BM, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS,
                   OUT_LOG2, WIDE)
-
-
-def shifts_last_tile(m: int, bm: int) -> bool:
-    """Whether a launch moves its last token tile back (shifted_row0): where M is more
-    than a tile and not whole tiles. Elsewhere the kernel keeps pid_m * BM: with the move
-    computed at run time on every launch, whole tiles measured 0.03-0.18 us slower (576 x
-    1536 at M = 128 / 256 4.88 / 5.83 against 4.70 / 5.66; docs/notes/nvfp4-triton.md,
-    session `long-light`); with this flag a compile-time choice, they tie."""
-    return m > bm and m % bm != 0
 
 
 def fits(m: int, k: int, cfg: dict) -> bool:

@@ -50,7 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .grid import cdiv
+from .grid import cdiv, shifts_last_tile
 from .launch_cache import Launch, LaunchCache
 from .linear_kernels import _DECODE, few_tokens
 from .small_kernel import (
@@ -59,7 +59,6 @@ from .small_kernel import (
     _store_tokens,
     layouts,
     shifted_row0,
-    shifts_last_tile,
     tma_ready,
     wide_stores,
     words_asm,
