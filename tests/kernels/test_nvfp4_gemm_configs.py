@@ -73,3 +73,12 @@ def test_x_is_copied_only_under_one_tile_and_the_last_tile_moves_past_one():
     assert not gc.shifts(256, big) and not gc.shifts(100, big)  # whole tiles; one tile
     assert not gc.needs_pad(100, _cfg(bm=128, PAD_X=False))
     assert not gc.needs_pad(20, _cfg(bm=32)) and gc.needs_pad(20, _cfg(bm=32, PAD_X=True))
+
+
+def test_prologue_issues_the_first_slots_only_for_short_loops():
+    # steps a program: K / 64 / split
+    assert gc.first_slots_early(4096 // 64)  # 4096 x 4096 at M = 256
+    assert gc.first_slots_early(8192 // 64)  # 8192 x 8192: 128 steps, the longest measured gain
+    assert not gc.first_slots_early(8192 // 64 + 4)
+    assert not gc.first_slots_early(28672 // 64)  # 8192 x 28672 at M = 256 measured slower
+    assert not gc.first_slots_early(28672 // 64 // 2)  # ... and at M = 64, split in two

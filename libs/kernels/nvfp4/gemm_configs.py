@@ -85,6 +85,19 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     return cfg
 
 
+def first_slots_early(k_steps: int) -> bool:
+    """Whether the kernel's prologue issues the first weight and x slots itself
+    (gemm_kernel._first_slots) for a program of k_steps 64-wide K steps: where the loop is
+    short. Outputs bit-equal; one H200, five interleaved rounds, us, early against the
+    loaders' own first issue (torch), docs/notes/bench/gemm_prologue_loads_probe.json:
+    4096 x 4096 at M = 256 / 200 / 128 / 64 (64, 64, 32, 32 steps) 17.18 / 17.02 / 14.04 /
+    11.92 against 17.82 / 17.34 / 14.29 / 12.21 (18.10 / 16.93 / 13.57 / 12.15); 8192 x
+    8192 at M = 256 (128 steps) 46.85 against 47.52 (49.42). On 8192 x 28672 (448 and 224
+    steps) it measured slower, 169.9 against 167.6 at M = 256 and 74.4 against 74.1 at
+    M = 64, so long loops keep the loaders' issue."""
+    return k_steps <= 128
+
+
 def whole_tiles_first(m: int, n: int, sms: int) -> int:
     """The tokens of a first launch in whole 256-token tiles (gemm_kernel.launch runs the rest in
     the config picked for them), or 0 for one launch. Where M leaves 17-128 tokens past whole

@@ -17,7 +17,9 @@ warp_specialize, 6 warps) they overlap:
   Where it runs alone on its SM it also reads each step a step ahead and shares the scale
   conversions across each quad (LOOKAHEAD);
 - the output leaves by TMA through a free x slot; split K, where the tiles alone would
-  leave SMs idle, sums the partials in a fixed order (deterministic).
+  leave SMs idle, sums the partials in a fixed order (deterministic);
+- where a program's loop is short, the prologue issues the first weight and x slots
+  itself, before the partitions start (gemm_configs.first_slots_early).
 
 Every ring slot has a `ready` and an `empty` mbarrier; the weight loader fences before a
 TMA overwrites a slot whose words were read by the MMA warpgroup's generic loads.
@@ -56,7 +58,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .gemm_configs import fits, head_config, needs_pad, shifts
+from .gemm_configs import first_slots_early, fits, head_config, needs_pad, shifts
 from .gemm_configs import pick_config as pick_config  # the route asks this module
 from .gemm_fragment import acc_layout, decode_fragment, quads, read_step
 from .grid import cdiv
@@ -130,14 +132,14 @@ def _mma_partition(w_ring, s_ring, w_ready, w_empty, x_bufs, ready, empty, k_ste
 
 @gluon.jit
 def _weight_load_partition(w_desc, s_desc, w_ring, s_ring, w_ready, w_empty, off_n,
-                           slot_first, k_slots):
+                           slot_first, k_slots, PRE: gl.constexpr):
     """Weight loader warp: a slot's packed words and block scales (G steps) by TMA, for
-    slots slot_first .. slot_first + k_slots - 1 of the row (rows past N arrive as zeros
-    and are never stored)."""
+    slots slot_first + PRE .. slot_first + k_slots - 1 of the row (rows past N arrive as
+    zeros and are never stored; with PRE the prologue issued the first)."""
     WS: gl.constexpr = w_ring.shape[0]
     GW: gl.constexpr = w_ring.shape[2]  # words per row and slot
     GP: gl.constexpr = s_ring.shape[2]  # scale pairs per row and slot
-    for g in range(k_slots):
+    for g in range(PRE, k_slots):
         wslot = g % WS
         mbarrier.wait(w_empty.index(wslot), ((g // WS) & 1) ^ 1)
         fence_async_shared()  # the MMA warps' generic reads before the TMA overwrite
@@ -150,19 +152,45 @@ def _weight_load_partition(w_desc, s_desc, w_ring, s_ring, w_ready, w_empty, off
 
 
 @gluon.jit
-def _x_load_partition(x_desc, x_bufs, ready, empty, off_m, k_first, k_steps):
+def _x_load_partition(x_desc, x_bufs, ready, empty, off_m, k_first, k_steps,
+                      PRE: gl.constexpr):
     """x loader warp: x tiles into the x ring by TMA, XG steps per slot (rows past M arrive
-    as zeros)."""
+    as zeros), from slot PRE on (with PRE the prologue issued the first)."""
     S: gl.constexpr = ready.shape[0]
     XG: gl.constexpr = x_bufs.shape[0] // S
     BK: gl.constexpr = x_bufs.shape[2]
-    for xs in range(k_steps // XG):
+    for xs in range(PRE, k_steps // XG):
         slot = xs % S
         mbarrier.wait(empty.index(slot), ((xs // S) & 1) ^ 1)
         mbarrier.expect(ready.index(slot), XG * x_desc.block_type.nbytes)
         for j in gl.static_range(XG):
             tma.async_copy_global_to_shared(x_desc, [off_m, (k_first + xs * XG + j) * BK],
                                             ready.index(slot), x_bufs.index(slot * XG + j))
+
+
+@gluon.jit
+def _first_slots(w_desc, s_desc, x_desc, w_ring, s_ring, x_bufs, w_ready, ready, off_n, off_m,
+                 k_first):
+    """Issue the first weight slot and the first x slot by TMA, from the prologue: the
+    loader partitions get to theirs ~0.55 us after the program starts (the barriers'
+    setup and warp_specialize's start), and the first weights' DRAM latency (~1.1 us)
+    then starts that much later (timeline on an H200, 4096 x 4096 at M = 256:
+    docs/notes/bench/gemm_timeline.json)."""
+    S: gl.constexpr = ready.shape[0]
+    XG: gl.constexpr = x_bufs.shape[0] // S
+    BK: gl.constexpr = x_bufs.shape[2]
+    GW: gl.constexpr = w_ring.shape[2]
+    GP: gl.constexpr = s_ring.shape[2]
+    G: gl.constexpr = GW // (BK // 8)
+    mbarrier.expect(w_ready.index(0), w_desc.block_type.nbytes + s_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(w_desc, [off_n, k_first // G * GW], w_ready.index(0),
+                                    w_ring.index(0))
+    tma.async_copy_global_to_shared(s_desc, [off_n, k_first // G * GP], w_ready.index(0),
+                                    s_ring.index(0))
+    mbarrier.expect(ready.index(0), XG * x_desc.block_type.nbytes)
+    for j in gl.static_range(XG):
+        tma.async_copy_global_to_shared(x_desc, [off_m, (k_first + j) * BK], ready.index(0),
+                                        x_bufs.index(j))
 
 
 @gluon.jit
@@ -232,7 +260,7 @@ def _gemm_kernel(
     M,
     HAS_BIAS: gl.constexpr, STAGES: gl.constexpr, X_STEPS: gl.constexpr,
     W_STAGES: gl.constexpr, OUT_LOG2: gl.constexpr, SPLIT_K: gl.constexpr,
-    LOOKAHEAD: gl.constexpr, SHIFT: gl.constexpr,
+    LOOKAHEAD: gl.constexpr, SHIFT: gl.constexpr, PRE: gl.constexpr,
 ):
     BM: gl.constexpr = x_desc.block_type.shape[0]
     BK: gl.constexpr = x_desc.block_type.shape[1]
@@ -265,12 +293,15 @@ def _gemm_kernel(
         mbarrier.init(w_ready.index(s), count=1)
         mbarrier.init(w_empty.index(s), count=1)
     fence_async_shared()
+    if PRE:
+        _first_slots(w_desc, s_desc, x_desc, w_ring, s_ring, x_bufs, w_ready, ready, off_n,
+                     off_m, k_first)
     (acc,) = gl.warp_specialize([
         (_mma_partition, (w_ring, s_ring, w_ready, w_empty, x_bufs, ready, empty, k_steps,
                           LOOKAHEAD)),
-        (_x_load_partition, (x_desc, x_bufs, ready, empty, off_m, k_first, k_steps)),
+        (_x_load_partition, (x_desc, x_bufs, ready, empty, off_m, k_first, k_steps, PRE)),
         (_weight_load_partition, (w_desc, s_desc, w_ring, s_ring, w_ready, w_empty, off_n,
-                                  k_first // G, k_steps // G)),
+                                  k_first // G, k_steps // G, PRE)),
     ], [1, 1], [24, 24])
     if SPLIT_K == 1:
         _epilogue(acc, x_bufs.index(0), out_desc, s2_ptr, bias_ptr, N, off_n, off_m,
@@ -393,7 +424,8 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
          ws, cnt, n, k // (bk * split), m),
         dict(HAS_BIAS=bias is not None, STAGES=cfg["STAGES"], X_STEPS=cfg.get("X_STEPS", 1),
              W_STAGES=cfg["W_STAGES"], OUT_LOG2=_DECODE[x2.dtype][1], SPLIT_K=split,
-             LOOKAHEAD=cfg.get("LOOKAHEAD", False), SHIFT=shifts(m, cfg)),
+             LOOKAHEAD=cfg.get("LOOKAHEAD", False), SHIFT=shifts(m, cfg),
+             PRE=first_slots_early(k // (bk * split))),
         # 6 warps (4 + two loaders), launched as 8: 232 registers -> 59.4K, one program
         # per SM; 128 -> two
         dict(num_warps=4, maxnreg=cfg.get("maxnreg", 232)),
