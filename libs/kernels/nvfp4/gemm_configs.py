@@ -94,7 +94,11 @@ def first_slots_early(k_steps: int) -> bool:
     11.92 against 17.82 / 17.34 / 14.29 / 12.21 (18.10 / 16.93 / 13.57 / 12.15); 8192 x
     8192 at M = 256 (128 steps) 46.85 against 47.52 (49.42). On 8192 x 28672 (448 and 224
     steps) it measured slower, 169.9 against 167.6 at M = 256 and 74.4 against 74.1 at
-    M = 64, so long loops keep the loaders' issue."""
+    M = 64, so long loops keep the loaders' issue. Through the route against the package
+    before it (bit-equal; docs/notes/bench/gemm_first_slots_ab.json, ..._ab2.json): 4096 x
+    4096 at M = 64 / 128 / 256 11.52 / 13.98 / 16.86 against 11.91 / 14.21 / 17.14 (torch
+    11.92 / 13.70 / 16.71), 8192 x 8192 at M = 64 26.40 against 26.71, 576 x 1536 at
+    M = 512 6.80 against 7.02 (5.48)."""
     return k_steps <= 128
 
 

@@ -425,7 +425,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
         dict(HAS_BIAS=bias is not None, STAGES=cfg["STAGES"], X_STEPS=cfg.get("X_STEPS", 1),
              W_STAGES=cfg["W_STAGES"], OUT_LOG2=_DECODE[x2.dtype][1], SPLIT_K=split,
              LOOKAHEAD=cfg.get("LOOKAHEAD", False), SHIFT=shifts(m, cfg),
-             PRE=first_slots_early(k // (bk * split))),
+             PRE=int(first_slots_early(k // (bk * split)))),  # an int: loops start at it
         # 6 warps (4 + two loaders), launched as 8: 232 registers -> 59.4K, one program
         # per SM; 128 -> two
         dict(num_warps=4, maxnreg=cfg.get("maxnreg", 232)),
