@@ -37,6 +37,7 @@ import torch
 from bench.rounds import interleaved
 from libs.kernels.nvfp4 import linear_kernels as lk
 from libs.kernels.nvfp4 import reference, triton_impl
+from libs.kernels.nvfp4.gemm_configs import head_config
 
 L2_FLUSH_BYTES = 192 * 2**20
 TUNE_M = (1, 64, 256)  # --tune-m: the token counts --tune times alternatives for
@@ -307,7 +308,7 @@ def tune_gemm(x, qs, n_fp4, reps, m, n, k):
     pick = gk.pick_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
     if pick is None:
         return []
-    pick = {key: v for key, v in pick.items() if key not in ("HEAD", "REST")}  # one launch
+    pick = head_config(pick)  # one launch: a two-launch pick's first
     cfgs = []
     for bm in sorted({pick["BM"], 128, 256} if m > 128 else {pick["BM"]}):
         for split in (1, 2, 4):

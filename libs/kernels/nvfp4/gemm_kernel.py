@@ -131,41 +131,56 @@ def _mma_partition(w_ring, s_ring, w_ready, w_empty, x_bufs, ready, empty, k_ste
 
 
 @gluon.jit
-def _weight_load_partition(w_desc, s_desc, w_ring, s_ring, w_ready, w_empty, off_n,
-                           slot_first, k_slots, PRE: gl.constexpr):
-    """Weight loader warp: a slot's packed words and block scales (G steps) by TMA, for
-    slots slot_first + PRE .. slot_first + k_slots - 1 of the row (rows past N arrive as
-    zeros and are never stored; with PRE the prologue issued the first)."""
-    WS: gl.constexpr = w_ring.shape[0]
+def _load_weight_slot(w_desc, s_desc, w_ring, s_ring, w_ready, wslot, off_n, slot):
+    """Weight slot `slot` of the row (G steps: packed words and block scales) into ring slot
+    wslot by TMA, arriving on w_ready[wslot]."""
     GW: gl.constexpr = w_ring.shape[2]  # words per row and slot
     GP: gl.constexpr = s_ring.shape[2]  # scale pairs per row and slot
+    mbarrier.expect(w_ready.index(wslot), w_desc.block_type.nbytes + s_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(w_desc, [off_n, slot * GW], w_ready.index(wslot),
+                                    w_ring.index(wslot))
+    tma.async_copy_global_to_shared(s_desc, [off_n, slot * GP], w_ready.index(wslot),
+                                    s_ring.index(wslot))
+
+
+@gluon.jit
+def _load_x_slot(x_desc, x_bufs, ready, slot, off_m, step):
+    """x's K steps step .. step + XG - 1 into x slot `slot` by TMA, arriving on ready[slot]
+    (rows past M arrive as zeros)."""
+    XG: gl.constexpr = x_bufs.shape[0] // ready.shape[0]
+    BK: gl.constexpr = x_bufs.shape[2]
+    mbarrier.expect(ready.index(slot), XG * x_desc.block_type.nbytes)
+    for j in gl.static_range(XG):
+        tma.async_copy_global_to_shared(x_desc, [off_m, (step + j) * BK], ready.index(slot),
+                                        x_bufs.index(slot * XG + j))
+
+
+@gluon.jit
+def _weight_load_partition(w_desc, s_desc, w_ring, s_ring, w_ready, w_empty, off_n,
+                           slot_first, k_slots, PRE: gl.constexpr):
+    """Weight loader warp: slots slot_first + PRE .. slot_first + k_slots - 1 of the row
+    (rows past N arrive as zeros and are never stored; with PRE the prologue issued the
+    first)."""
+    WS: gl.constexpr = w_ring.shape[0]
     for g in range(PRE, k_slots):
         wslot = g % WS
         mbarrier.wait(w_empty.index(wslot), ((g // WS) & 1) ^ 1)
         fence_async_shared()  # the MMA warps' generic reads before the TMA overwrite
-        mbarrier.expect(w_ready.index(wslot),
-                        w_desc.block_type.nbytes + s_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(w_desc, [off_n, (slot_first + g) * GW],
-                                        w_ready.index(wslot), w_ring.index(wslot))
-        tma.async_copy_global_to_shared(s_desc, [off_n, (slot_first + g) * GP],
-                                        w_ready.index(wslot), s_ring.index(wslot))
+        _load_weight_slot(w_desc, s_desc, w_ring, s_ring, w_ready, wslot, off_n,
+                          slot_first + g)
 
 
 @gluon.jit
 def _x_load_partition(x_desc, x_bufs, ready, empty, off_m, k_first, k_steps,
                       PRE: gl.constexpr):
-    """x loader warp: x tiles into the x ring by TMA, XG steps per slot (rows past M arrive
-    as zeros), from slot PRE on (with PRE the prologue issued the first)."""
+    """x loader warp: x tiles into the x ring, XG steps per slot, from slot PRE on (with
+    PRE the prologue issued the first)."""
     S: gl.constexpr = ready.shape[0]
     XG: gl.constexpr = x_bufs.shape[0] // S
-    BK: gl.constexpr = x_bufs.shape[2]
     for xs in range(PRE, k_steps // XG):
         slot = xs % S
         mbarrier.wait(empty.index(slot), ((xs // S) & 1) ^ 1)
-        mbarrier.expect(ready.index(slot), XG * x_desc.block_type.nbytes)
-        for j in gl.static_range(XG):
-            tma.async_copy_global_to_shared(x_desc, [off_m, (k_first + xs * XG + j) * BK],
-                                            ready.index(slot), x_bufs.index(slot * XG + j))
+        _load_x_slot(x_desc, x_bufs, ready, slot, off_m, k_first + xs * XG)
 
 
 @gluon.jit
@@ -176,21 +191,9 @@ def _first_slots(w_desc, s_desc, x_desc, w_ring, s_ring, x_bufs, w_ready, ready,
     setup and warp_specialize's start), and the first weights' DRAM latency (~1.1 us)
     then starts that much later (timeline on an H200, 4096 x 4096 at M = 256:
     docs/notes/bench/gemm_timeline.json)."""
-    S: gl.constexpr = ready.shape[0]
-    XG: gl.constexpr = x_bufs.shape[0] // S
-    BK: gl.constexpr = x_bufs.shape[2]
-    GW: gl.constexpr = w_ring.shape[2]
-    GP: gl.constexpr = s_ring.shape[2]
-    G: gl.constexpr = GW // (BK // 8)
-    mbarrier.expect(w_ready.index(0), w_desc.block_type.nbytes + s_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(w_desc, [off_n, k_first // G * GW], w_ready.index(0),
-                                    w_ring.index(0))
-    tma.async_copy_global_to_shared(s_desc, [off_n, k_first // G * GP], w_ready.index(0),
-                                    s_ring.index(0))
-    mbarrier.expect(ready.index(0), XG * x_desc.block_type.nbytes)
-    for j in gl.static_range(XG):
-        tma.async_copy_global_to_shared(x_desc, [off_m, (k_first + j) * BK], ready.index(0),
-                                        x_bufs.index(j))
+    G: gl.constexpr = w_ring.shape[2] // (x_bufs.shape[2] // 8)  # steps per weight slot
+    _load_weight_slot(w_desc, s_desc, w_ring, s_ring, w_ready, 0, off_n, k_first // G)
+    _load_x_slot(x_desc, x_bufs, ready, 0, off_m, k_first)
 
 
 @gluon.jit
