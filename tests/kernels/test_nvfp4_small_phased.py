@@ -67,7 +67,7 @@ def test_phased_box_rows():
 @pytest.mark.parametrize("m", [20, 40, 100])
 def test_phased_does_not_write_past_m_or_n(m):
     # a 32-row box at 20 tokens (rows 20..63 of the tile never loaded), a 64-row one at 40,
-    # and at 100 a second tile moved back to rows 36..99 (shifted_row0)
+    # and at 100 a second tile moved back to rows 36..99 (tile_row0)
     packed, scales, s2 = cuda_weight(100, 768, torch.bfloat16, seed=5)
     x = torch.randn(m, 768, device="cuda", dtype=torch.bfloat16)
     big = torch.full((130, 128), 7.0, device="cuda", dtype=torch.bfloat16)

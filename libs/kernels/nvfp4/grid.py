@@ -14,7 +14,7 @@ def cdiv(a: int, b: int) -> int:
 
 def shifts_last_tile(m: int, bm: int) -> bool:
     """Whether a launch moves its last token tile back to end at M (small_kernel's
-    shifted_row0, the GEMM's SHIFT): where M is more than a tile and not whole tiles.
+    tile_row0, the GEMM's SHIFT): where M is more than a tile and not whole tiles.
     Elsewhere the kernel keeps pid_m * BM: with the move computed at run time on every
     launch, whole tiles measured 0.03-0.18 us slower (576 x 1536 at M = 128 / 256 4.88 /
     5.83 against 4.70 / 5.66; docs/notes/nvfp4-triton.md, session `long-light`); with

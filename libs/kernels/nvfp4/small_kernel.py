@@ -42,7 +42,7 @@ TMA against 3.12 at 64, and 3.03-3.16 here; the engine's 960 x 576 2.95-3.06 aga
 2.97-2.99) and 192 x 576 loses 0.04-0.11 (2.82-2.93). From 40 tokens the TMA form wins
 except on 1536 rows, and at 256 this form loses (1536 x 576 5.10 against 4.57: a
 program's 128 token rows through the load path). Past one tile, where M is not whole
-tiles, the last tile moves back to end at M, so no box runs past M (shifted_row0, since
+tiles, the last tile moves back to end at M, so no box runs past M (tile_row0, since
 session `long-light`; small_phased_kernel does the same).
 
 Longer K (SmolLM2's down projection, K = 1536) does not fit x's tile in shared memory:
@@ -270,7 +270,7 @@ def _store_tokens(acc, row0, first, out_rows, s2, bias, out_ptr, M, N, stride_om
                   HAS_BIAS: gl.constexpr, OUT_LOG2: gl.constexpr, WIDE: gl.constexpr):
     """out[tokens, rows] = acc * 2^OUT_LOG2 * s2 (+ bias) for the tile's tokens (row0 on),
     masked to [first, M) and to N: each token's rows are contiguous. first > row0 where
-    the tile was moved back to end at M (shifted_row0): its rows before first belong to
+    the tile was moved back to end at M (tile_row0): its rows before first belong to
     the tile before it.
 
     In the accumulator's layout a thread holds two adjacent rows of a token: 4-byte
@@ -300,22 +300,26 @@ def _store_tokens(acc, row0, first, out_rows, s2, bias, out_ptr, M, N, stride_om
 
 
 @gluon.jit
-def shifted_row0(pid_m, M, BM: gl.constexpr):
-    """The first token of program pid_m's tile where x comes by TMA and the launch moves
-    the last tile back (shifts_last_tile, so M > BM): pid_m * BM, but the last tile ends
-    at M, so its boxes never run past M. Its rows before pid_m * BM repeat the tile before
-    it and are not stored (_store_tokens' first); a row of the product depends on its own row of x
-    alone, so the outputs are bit-equal. Boxes past M (the TMA unit fills those rows with
-    zeros) cost a program up to several us on long K: A/B on one H200, five interleaved
+def tile_row0(pid_m, M, BM: gl.constexpr, SHIFT: gl.constexpr):
+    """The first token of program pid_m's tile: pid_m * BM, except where x comes by TMA
+    and the launch moves the last tile back (SHIFT: shifts_last_tile, so M > BM); then
+    the last tile ends at M, so its boxes never run past M. Its rows before pid_m * BM
+    repeat the tile before it and are not stored (_store_tokens' first); a row of the
+    product depends on its own row of x alone, so the outputs are bit-equal. Boxes past
+    M (the TMA unit fills those rows with zeros) cost a program up to several us on long
+    K: A/B on one H200, five interleaved
     rounds (docs/notes/nvfp4-triton.md, session `long-light`), us, moved against not
     (torch): 1024 x 2048 (phased) at M = 65 / 100 6.10 / 6.15 against 10.62 / 8.14 (6.06 /
     6.04), 960 x 2560 at M = 65 / 96 7.26 / 7.27 against 12.84 / 9.08 (6.65 / 6.69), 576 x
     1536 at M = 65 4.84 against 5.51 (5.14; at M = 100 4.86 against 4.81), small_kernel's
     1536 x 576 at M = 65 / 100 / 200 3.40 / 3.42 / 4.22 against 3.72 / 3.50 / 4.86 (3.88 /
     3.83 / 4.10), 576 x 576 at M = 65 3.09 against 3.37 (3.71)."""
-    # M > BM, so the clamp at 0 never binds: it compiles into the min (min.relu) and
-    # tells the compiler row0 is not negative
-    return gl.maximum(gl.minimum(pid_m * BM, M - BM), 0)
+    row0 = pid_m * BM
+    if SHIFT:
+        # M > BM, so the clamp at 0 never binds: it compiles into the min (min.relu) and
+        # tells the compiler row0 is not negative
+        row0 = gl.maximum(gl.minimum(row0, M - BM), 0)
+    return row0
 
 
 @gluon.jit
@@ -337,9 +341,7 @@ def _small_kernel(
         w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL, ACC,
         WORDS_ASM)
     acc = gl.zeros([BM, BN], gl.float32, ACC)
-    row0 = pid_m * BM
-    if SHIFT:  # x by TMA only (the host sets it so)
-        row0 = shifted_row0(pid_m, M, BM)
+    row0 = tile_row0(pid_m, M, BM, SHIFT)  # SHIFT with x by TMA only (the host sets it so)
     if X_REGS:
         dtype: gl.constexpr = x_src.dtype.element_ty
         AL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2)

@@ -58,7 +58,7 @@ from .small_kernel import (
     _load_rows,
     _store_tokens,
     layouts,
-    shifted_row0,
+    tile_row0,
     tma_ready,
     wide_stores,
     words_asm,
@@ -133,9 +133,7 @@ def _phased_kernel(
     NP: gl.constexpr = KC // XC  # phases
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
-    row0 = pid_m * BM
-    if SHIFT:
-        row0 = shifted_row0(pid_m, M, BM)
+    row0 = tile_row0(pid_m, M, BM, SHIFT)
     dtype: gl.constexpr = x_desc.dtype
     # Which goes out first, x's copies or the weights' loads (see the module doc): x's
     # where a slot is one box, the weights' where it is XC copies, each behind a barrier.
