@@ -155,8 +155,9 @@ def _x_to_registers(x_ptr, stride_xm, row0, M, KC: gl.constexpr, BM: gl.constexp
 
 @gluon.jit
 def _decode_chunk(wd, sb, dtype: gl.constexpr):
-    """Words [BN, 8] (int32) and each word's e4m3 block scale byte [BN, 8] -> the [BN, 64]
-    weights times their scale (pre-multiplied, as linear_kernels), in K order."""
+    """Words [R, W] (int32; W = 8 is a chunk of 64 K) and each word's e4m3 block scale
+    byte [R, W] -> the [R, 8 W] weights times their scale (pre-multiplied, as
+    linear_kernels), in K order."""
     if dtype == gl.bfloat16:
         word_asm: gl.constexpr = NATURAL_ASM_BF16
         scale_asm: gl.constexpr = _SCALE_ASM_BF16
@@ -175,7 +176,7 @@ def _decode_chunk(wd, sb, dtype: gl.constexpr):
     w = gl.join(gl.join(_halves(p0, dtype), _halves(p1, dtype)),
                 gl.join(_halves(p2, dtype), _halves(p3, dtype)))  # [BN, word, h, i, o]
     w = gl.permute(w, (0, 1, 4, 3, 2))  # [BN, word, o, i, h]
-    return gl.reshape(w, [wd.shape[0], 64])
+    return gl.reshape(w, [wd.shape[0], 8 * wd.shape[1]])
 
 
 @gluon.jit
@@ -214,9 +215,34 @@ def _words_constraints(per):
 def _load_rows(w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s,
                HAS_BIAS: gl.constexpr, BN: gl.constexpr, KC: gl.constexpr,
                WL: gl.constexpr, ACC: gl.constexpr, WORDS_ASM: gl.constexpr):
-    """Issue every load of program pid_n's BN weight rows: the words and block scale bytes
-    of all KC chunks (in WL, all in flight before the first is used), s2 and the bias (in
-    the accumulator's row layout). Returns (words, scales, out_rows, s2, bias).
+    """Issue every load of program pid_n's BN weight rows: s2 and the bias (in the
+    accumulator's row layout), then the words and block scale bytes of all KC chunks (in
+    WL, all in flight before the first is used: _load_words). Returns (words, scales,
+    out_rows, s2, bias)."""
+    w_ptrs, s_ptrs = _word_pointers(w_ptr, s_ptr, pid_n * BN, N, stride_w, stride_s, BN, 8, WL)
+    out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC))
+    s2, bias = _load_s2_bias(s2_ptr, bias_ptr, out_rows, N, HAS_BIAS)
+    words, scales = _load_words(w_ptrs, s_ptrs, 8, KC, WORDS_ASM)
+    return words, scales, out_rows, s2, bias
+
+
+@gluon.jit
+def _word_pointers(w_ptr, s_ptr, row0, N, stride_w, stride_s, R: gl.constexpr,
+                   W: gl.constexpr, WL: gl.constexpr):
+    """Pointers [R, W] (in WL) to the first W words of weight rows [row0, row0 + R)
+    (clamped to N - 1) and to each word's block scale byte."""
+    rows = gl.minimum(row0 + gl.arange(0, R, layout=gl.SliceLayout(1, WL)), N - 1)
+    word = gl.arange(0, W, layout=gl.SliceLayout(0, WL))
+    w_ptrs = w_ptr + rows[:, None].to(gl.int64) * stride_w + word[None, :]
+    s_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_s + (word // 2)[None, :]
+    return w_ptrs, s_ptrs
+
+
+@gluon.jit
+def _load_words(w_ptrs, s_ptrs, W: gl.constexpr, NL: gl.constexpr, WORDS_ASM: gl.constexpr):
+    """Issue NL loads of W words a row from _word_pointers' pointers (load i: words
+    [W i, W i + W), so with W = 8 chunk i) and of their scale bytes, all in flight before
+    the first is used. Returns (words, scales), tuples of NL tensors.
 
     WORDS_ASM (words_asm): the word loads ask L2 to fetch the 128 bytes around them, so a
     row's DRAM reads come in fewer, larger pieces. A program reads its rows' whole K, so
@@ -227,24 +253,18 @@ def _load_rows(w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s,
     (3.77), 1536 x 576 at M = 256 4.21 against 4.24 (4.23), 576 x 1536 (small_phased_kernel)
     at M = 64 / 256 4.92 / 5.68 against 4.96 / 5.70 (5.06 / 5.21); at 1-16 tokens within
     0.02. 256 bytes measured the same as 128."""
-    rows = gl.minimum(pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, WL)), N - 1)
-    word = gl.arange(0, 8, layout=gl.SliceLayout(0, WL))
-    w_ptrs = w_ptr + rows[:, None].to(gl.int64) * stride_w + word[None, :]
-    s_ptrs = s_ptr + rows[:, None].to(gl.int64) * stride_s + (word // 2)[None, :]
-    out_rows = pid_n * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, ACC))
-    s2, bias = _load_s2_bias(s2_ptr, bias_ptr, out_rows, N, HAS_BIAS)
-    PER: gl.constexpr = WL.size_per_thread[1]
+    PER: gl.constexpr = w_ptrs.type.layout.size_per_thread[1]
     words = ()
     scales = ()
-    for c in gl.static_range(KC):
+    for c in gl.static_range(NL):
         if WORDS_ASM == "":
-            words = words + (gl.load(w_ptrs + c * 8),)
+            words = words + (gl.load(w_ptrs + c * W),)
         else:  # volatile, so the loads stay ahead of everything after them
             words = words + (gl.inline_asm_elementwise(
-                WORDS_ASM, _words_constraints(PER), [w_ptrs + c * 8], dtype=gl.int32,
+                WORDS_ASM, _words_constraints(PER), [w_ptrs + c * W], dtype=gl.int32,
                 is_pure=False, pack=PER),)
-        scales = scales + (gl.load(s_ptrs + c * 4),)
-    return words, scales, out_rows, s2, bias
+        scales = scales + (gl.load(s_ptrs + c * (W // 2)),)
+    return words, scales
 
 
 @gluon.jit

@@ -1,6 +1,6 @@
 """NVFP4 weight-only linear for small layers with K past 576 in Gluon: small_kernel's form
-(x as wgmma's A operand, 16-32 weight rows a program decoded once into shared memory)
-with x streamed through a ring of shared buffers.
+(x as wgmma's A operand, 16, 24 or 32 weight rows a program decoded once into shared
+memory) with x streamed through a ring of shared buffers.
 
 One program's x tile is 64 tokens x K x 2 bytes: 196 KB at SmolLM2's down projection
 (576 x 1536), past what shared memory holds beside the decoded weights. So the weights of
@@ -9,6 +9,23 @@ at 32), while x arrives by TMA in XS slots of XC chunks (64 K each), one box a s
 viewed as [chunk, token, K in chunk]); phase p multiplies slot p % XS, and once its
 wgmmas are issued the slot phase p - 1 used is refilled with phase p - 1 + XS's chunks,
 after a wait that leaves only phase p's wgmmas in flight.
+
+24 rows (BN = 24) run in a 32-row tile whose last 8 rows are never decoded
+(_decode_rows24): the wgmma is the 32-row one, x is read once a chunk, and a program loads
+and decodes three quarters of what a 32-row one does. Where 16 rows take more than one
+wave and 24 do not (SmolLM2's down projection at 193-256 tokens: 96 programs against 72
+of 32 rows), bit-equal; five interleaved rounds on two H200s (docs/notes/nvfp4-triton.md,
+session `rows24`), us, 24 rows against 32 (torch):
+- 576 x 1536 at M = 256: 5.21 against 5.62 (5.21), and through the route 5.35 against
+  5.69 (5.27); M = 224 5.46 / 5.47 against 5.75 / 5.80 (5.27 / 5.38); M = 193 5.48
+  against 5.80 (5.31);
+- 576 x 1280 at M = 193 / 224 / 256 4.76 / 4.80 / 4.84 against 4.95 / 4.96 / 4.98 (5.03 /
+  5.01 / 4.87); 576 x 1024 at M = 193 / 224 4.40 / 4.41 against 4.48 / 4.48, at M = 256
+  4.41 against 4.38 (4.54).
+A 24-row form that multiplies the 8 rows by a wgmma of their own reads x twice a chunk
+and lost (6.8 us at 576 x 1536, session `long-light`); so did small_kernel's 24 rows on
+two warpgroups for gate/up (1536 x 576 at M = 256 4.55 against 4.23: rows 0-15 two chunks
+a load and rows 16-23 four, 7 words a thread against 9; session `rows24`).
 
 Measured on an H200 (docs/notes/nvfp4-triton.md, session `phases`), 576 x 1536, three
 interleaved rounds in the bench's graph timer: M = 64 ~5.0 us against 5.26-5.33 for
@@ -50,13 +67,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .gemv_kernel import _load_s2_bias
 from .grid import cdiv, shifts_last_tile
 from .launch_cache import Launch, LaunchCache
 from .linear_kernels import _DECODE, few_tokens
 from .small_kernel import (
+    _decode_chunk,
     _decode_to_shared,
     _load_rows,
+    _load_words,
     _store_tokens,
+    _word_pointers,
     layouts,
     tile_row0,
     tma_ready,
@@ -69,6 +90,8 @@ XS = 3  # ring slots: 3 x 4 x 64 tokens x 64 x 2 bytes = 96 KB of x (ring_slots:
 SMEM_BYTES = 226 * 1024  # ring_slots' bound on the decoded weights and the ring (H200: 227 KB)
 # a slot's box [XC, 64 tokens, 64 K], 128-byte swizzled as wgmma reads each [64, 64] tile
 _BOX_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=3)
+# BN = 24: the words of 8 rows, two chunks a load ([8, 16]), one a thread on 4 warps
+_WL8 = gl.BlockedLayout([1, 1], [2, 16], [4, 1], [1, 0])
 
 
 @gluon.jit
@@ -120,16 +143,53 @@ def _start_ring(x_desc, row0, BM: gl.constexpr, XC: gl.constexpr, XS: gl.constex
 
 
 @gluon.jit
+def _decode_rows24(words, scales, words8, scales8, SW: gl.constexpr, BOX: gl.constexpr,
+                   dtype: gl.constexpr):
+    """BN = 24's decoded weights: one [32, 64] buffer a chunk (wgmma's B) whose rows 24-31
+    are never written; they feed only accumulator columns 24-31, which the store masks (a
+    column of the product depends on its own weight row alone). Rows 0-15 come from
+    `words` ([16, 8] a chunk), rows 16-23 from `words8` ([8, 16]: chunks 2c and 2c + 1 in
+    one load, so a thread still holds one word). A chunk pair is one allocation in x's box
+    layout, so that its rows 16-23 are one [2, 8, 64] view. Fenced for the async reads;
+    the first barrier pins the loads issued before it ahead of the decode."""
+    gl.thread_barrier()
+    KC: gl.constexpr = len(words)
+    boxes = ()
+    pairs = ()
+    for _ in gl.static_range(KC // 2):
+        box = gl.allocate_shared_memory(dtype, [2, 32, 64], BOX)
+        boxes = boxes + (box,)
+        pairs = pairs + (box._reinterpret(dtype, [2, 32, 64], SW),)
+    # Triton's barrier analysis compares byte ranges, and a pair's rows 16-23 span its
+    # second chunk's rows 0-15: in this order it puts one barrier among the stores, not
+    # one a pair (rows 16-23 of every pair, then rows 0-15 of every first chunk, then of
+    # every second chunk)
+    for c in gl.static_range(KC // 2):
+        w = _decode_chunk(words8[c], scales8[c], dtype)  # [8, 128]: chunks 2c, 2c + 1
+        boxes[c].slice(16, 8, dim=1).store(gl.permute(gl.reshape(w, [8, 2, 64]), (1, 0, 2)))
+    for h in gl.static_range(2):
+        for c in gl.static_range(KC // 2):
+            pairs[c].index(h).slice(0, 16).store(
+                _decode_chunk(words[2 * c + h], scales[2 * c + h], dtype))
+    fence_async_shared()  # the generic stores above before wgmma's async reads
+    gl.thread_barrier()
+    w_bufs = ()
+    for c in gl.static_range(KC):
+        w_bufs = w_bufs + (pairs[c // 2].index(c % 2),)
+    return w_bufs
+
+
+@gluon.jit
 def _phased_kernel(
     x_desc, w_ptr, s_ptr, s2_ptr, bias_ptr, out_ptr,
     M, N, stride_w, stride_s, stride_om,  # w in int32 words, s in bytes
     HAS_BIAS: gl.constexpr, BN: gl.constexpr, BM: gl.constexpr, KC: gl.constexpr,
     XC: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, OUT_LOG2: gl.constexpr,
     WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr, WIDE: gl.constexpr,
-    WORDS_ASM: gl.constexpr, SHIFT: gl.constexpr,
+    WORDS_ASM: gl.constexpr, SHIFT: gl.constexpr, WL8: gl.constexpr, BOX: gl.constexpr,
 ):
     """out[tokens, rows] for 64 tokens and BN weight rows, as small_kernel's, with x in
-    NP phases through the ring."""
+    NP phases through the ring; BN = 24 in a 32-column tile (_decode_rows24)."""
     NP: gl.constexpr = KC // XC  # phases
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
@@ -139,13 +199,30 @@ def _phased_kernel(
     # where a slot is one box, the weights' where it is XC copies, each behind a barrier.
     if XR == BM:
         x_ring, x_tiles, bars = _start_ring(x_desc, row0, BM, XC, XS, XR, NP, SW)
-    words, scales, out_rows, s2, bias = _load_rows(
-        w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL, ACC,
-        WORDS_ASM)
+    if BN == 24:
+        # 16 rows a chunk as BN = 16 loads them, 8 rows two chunks a load; the store's N
+        # ends at the program's 24th row
+        n0 = pid_n * 24
+        n_end = gl.minimum(N, n0 + 24)
+        w_ptrs, s_ptrs = _word_pointers(w_ptr, s_ptr, n0, N, stride_w, stride_s, 16, 8, WL)
+        w8_ptrs, s8_ptrs = _word_pointers(w_ptr, s_ptr, n0 + 16, N, stride_w, stride_s, 8, 16,
+                                          WL8)
+        out_rows = n0 + gl.arange(0, 32, layout=gl.SliceLayout(0, ACC))
+        s2, bias = _load_s2_bias(s2_ptr, bias_ptr, out_rows, n_end, HAS_BIAS)
+        words, scales = _load_words(w_ptrs, s_ptrs, 8, KC, WORDS_ASM)
+        words8, scales8 = _load_words(w8_ptrs, s8_ptrs, 16, KC // 2, WORDS_ASM)
+    else:
+        n_end = N
+        words, scales, out_rows, s2, bias = _load_rows(
+            w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL,
+            ACC, WORDS_ASM)
     if XR != BM:
         x_ring, x_tiles, bars = _start_ring(x_desc, row0, BM, XC, XS, XR, NP, SW)
-    w_bufs = _decode_to_shared(words, scales, SW, dtype, False)
-    acc = gl.zeros([BM, BN], gl.float32, ACC)
+    if BN == 24:
+        w_bufs = _decode_rows24(words, scales, words8, scales8, SW, BOX, dtype)
+    else:
+        w_bufs = _decode_to_shared(words, scales, SW, dtype, False)
+    acc = gl.zeros([BM, tile_rows(BN)], gl.float32, ACC)
     for p in gl.static_range(NP):
         mbarrier.wait(bars.index(p % XS), (p // XS) % 2)
         for j in gl.static_range(XC):
@@ -160,13 +237,19 @@ def _phased_kernel(
     acc = warpgroup_mma_wait(0, deps=(acc,))
     for s in gl.static_range(XS):
         mbarrier.invalidate(bars.index(s))
-    _store_tokens(acc, row0, pid_m * BM, out_rows, s2, bias, out_ptr, M, N, stride_om, HAS_BIAS,
-                  OUT_LOG2, WIDE)
+    _store_tokens(acc, row0, pid_m * BM, out_rows, s2, bias, out_ptr, M, n_end, stride_om,
+                  HAS_BIAS, OUT_LOG2, WIDE)
+
+
+@gluon.constexpr_function
+def tile_rows(bn):
+    """The weight rows of a program's tile: BN, or 32 for BN = 24 (_decode_rows24)."""
+    return 32 if bn == 24 else bn
 
 
 def _shared_bytes(bn: int, k: int, slots: int) -> int:
-    """The decoded weights (BN x K x 2 bytes) and the ring's slots of x."""
-    return bn * k * 2 + slots * XC * 64 * 64 * 2
+    """The decoded weights (tile_rows(BN) x K x 2 bytes) and the ring's slots of x."""
+    return tile_rows(bn) * k * 2 + slots * XC * 64 * 64 * 2
 
 
 def ring_slots(k: int, bn: int, one_box: bool) -> int:
@@ -215,12 +298,13 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     linear_kernels.few_tokens (1-16 tokens, and 17-32 where K is 2048 or more, or 1536
     with that kernel's programs in one wave: its Triton kernel measured faster), layers
     of 2^22 weights or more, K this kernel does not fit, and token counts past one wave at
-    32 rows. The fewest rows (16, then 32) whose programs fit in one wave, as small_kernel
-    picks: at M = 256 16 rows take 144 programs (8.68-8.75 us) and 32 rows 72 (6.29).
-    Also declined: the calls long_and_light names."""
+    32 rows. The fewest rows (16, then 24, then 32) whose programs fit in one wave, as
+    small_kernel picks: at M = 256 on 576 x 1536 16 rows take 144 programs (8.68-8.75 us),
+    24 rows 96 (5.21) and 32 rows 72 (5.62; the module doc). Also declined: the calls
+    long_and_light names."""
     if few_tokens(m, n, k, sms) or n * k >= 2**22 or long_and_light(m, n, k):
         return None
-    for bn in (16, 32):
+    for bn in (16, 24, 32):
         cfg = dict(BN=bn, num_warps=4)
         if fits(m, k, cfg) and cdiv(n, bn) * cdiv(m, 64) <= sms:
             return cfg
@@ -270,9 +354,13 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
     m, k = x2.shape
     n = packed.shape[0]
     bn, w = cfg["BN"], cfg.get("num_warps", 4)
-    assert fits(m, k, cfg) and readable(x2, packed) and w == 4 and bn in (16, 32), (m, k, cfg)
+    assert fits(m, k, cfg) and readable(x2, packed) and w == 4 and bn in (16, 24, 32), (m, k, cfg)
     bm = 64
-    wl, acc, sw = layouts(bn, w)
+    if bn == 24:  # 16 rows in BN = 16's words layout, 8 in _WL8, a 32-column accumulator
+        (wl, _, _), (_, acc, sw), wl8 = layouts(16, w), layouts(32, w), _WL8
+        assert wl8.size_per_thread == wl.size_per_thread  # one WORDS_ASM serves both
+    else:
+        (wl, acc, sw), wl8 = layouts(bn, w), None
     # x as [chunk, token, K in chunk]: a slot's XC chunks are one TMA box (one copy of
     # four chunks took 5.79 us at M = 256 against 6.34 for four copies)
     xr = cfg.get("XR") or x_rows(m)
@@ -297,7 +385,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
          m, n, words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=xs, XR=xr,
              OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, WIDE=wide, WORDS_ASM=asm,
-             SHIFT=shift),
+             SHIFT=shift, WL8=wl8, BOX=_BOX_LAYOUT),
         dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype, wide, asm, xs, shift), make_x)
 
 
