@@ -43,6 +43,34 @@ def test_phased_deep_rings(cfg, dtype):
     assert count_exact_on_shapes(ph, cfg, shapes, dtype) == len(shapes)
 
 
+def test_phased_split_decode_rule():
+    # three decode groups at 24 rows where two phases or more wait for a refill and all
+    # of the first group's are in the ring at the start
+    assert ph.split_decode(1536, 24, 64, 4)  # SmolLM2's down projection: 6 phases, 4 slots
+    assert not ph.split_decode(1280, 24, 64, 4)  # one refilled phase: measured mixed
+    assert not ph.split_decode(1536, 16, 64, 4) and not ph.split_decode(1536, 32, 64, 4)
+    assert not ph.split_decode(1536, 24, 32, 5)  # 32-row boxes: nothing refilled
+    assert not ph.split_decode(1792, 24, 64, 3)  # 4 refilled phases, 3 slots
+    assert not ph.split_decode(1024, 24, 64, 3)  # 4 phases: one refill
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_phased_split_decode_is_bit_equal(dtype):
+    # the three-group decode (picked) against the whole decode up front, forced, at 24
+    # rows: ragged and whole token counts, a shifted last tile, ragged N, a bias
+    for n, k, m in ((576, 1536, 256), (576, 1536, 193), (600, 1536, 100), (200, 1280, 70)):
+        packed, scales, s2 = cuda_weight(n, k, dtype, seed=n + m)
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        bias = torch.randn(n, device="cuda", dtype=dtype) if m % 2 else None
+        outs = []
+        for split in (True, False):
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)
+            ph.launch(x, packed, scales, s2, bias, out, dict(BN24, SPLIT=split))
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1]), (n, k, m)
+        check_linear_exact(outs[0], x, packed, scales, s2, bias, dtype)
+
+
 # x's TMA box: 32 rows up to 32 tokens (the rows past them never written), else 64; each
 # forced here at the token counts it allows, the 64-row box also where 32 would be picked
 BOX_CONFIGS = [dict(BN=16, num_warps=4, XR=16), dict(BN=32, num_warps=4, XR=32),

@@ -287,11 +287,13 @@ def _decode_to_shared(words, scales, SW: gl.constexpr, dtype: gl.constexpr,
 
 @gluon.jit
 def _store_tokens(acc, row0, first, out_rows, s2, bias, out_ptr, M, N, stride_om,
-                  HAS_BIAS: gl.constexpr, OUT_LOG2: gl.constexpr, WIDE: gl.constexpr):
-    """out[tokens, rows] = acc * 2^OUT_LOG2 * s2 (+ bias) for the tile's tokens (row0 on),
-    masked to [first, M) and to N: each token's rows are contiguous. first > row0 where
-    the tile was moved back to end at M (tile_row0): its rows before first belong to
-    the tile before it.
+                  HAS_BIAS: gl.constexpr, OUT_LOG2: gl.constexpr, WIDE: gl.constexpr,
+                  ROWS_MADE: gl.constexpr = False):
+    """out[tokens, rows] = acc * 2^OUT_LOG2 * s2 (+ bias) for the tile's tokens (row0 on)
+    and weight rows out_rows (in the accumulator's column layout; with ROWS_MADE, the
+    first of them, a scalar), masked to [first, M) and to N: each token's rows are
+    contiguous. first > row0 where the tile was moved back to end at M (tile_row0): its
+    rows before first belong to the tile before it.
 
     In the accumulator's layout a thread holds two adjacent rows of a token: 4-byte
     stores, a warp's store half of a 32-byte sector per token. WIDE moves the scaled tile
@@ -302,7 +304,13 @@ def _store_tokens(acc, row0, first, out_rows, s2, bias, out_ptr, M, N, stride_om
     at M = 128 4.42 against 4.77 (4.40); ties at 64 tokens; at 1-16 tokens (X_REGS) it
     loses 0.05-0.11 us (the move's barrier on a kernel of ~3 us), so those keep the
     accumulator's layout, and so do outputs the 16-byte stores do not fit (wide_stores
-    decides on the host)."""
+    decides on the host).
+
+    The row indices go with the tile through shared memory too, or with ROWS_MADE are
+    made in the store's layout from the first. Bit-equal; two runs of five
+    interleaved rounds on an H100 (docs/notes/nvfp4-triton.md, session `epilogue`): made
+    anew, small_kernel lost 0.1-0.25 us at 576 x 576 (M = 256) and 1536 x 576 (M = 128)
+    and won 0.17 at 3072 x 576, while small_phased_kernel won (it passes ROWS_MADE)."""
     BM: gl.constexpr = acc.shape[0]
     BN: gl.constexpr = acc.shape[1]
     y = (acc * (2.0**OUT_LOG2)) * s2  # the power of two is exact
@@ -313,7 +321,10 @@ def _store_tokens(acc, row0, first, out_rows, s2, bias, out_ptr, M, N, stride_om
         SL: gl.constexpr = gl.BlockedLayout([1, 8], [256 // BN, BN // 8],
                                             [gl.num_warps(), 1], [1, 0])
         y = gl.convert_layout(y, SL)
-        out_rows = gl.convert_layout(out_rows, gl.SliceLayout(0, SL))
+        if not ROWS_MADE:
+            out_rows = gl.convert_layout(out_rows, gl.SliceLayout(0, SL))
+    if ROWS_MADE:
+        out_rows = out_rows + gl.arange(0, BN, layout=gl.SliceLayout(0, y.type.layout))
     toks = row0 + gl.arange(0, BM, layout=gl.SliceLayout(1, y.type.layout))
     ptrs = out_ptr + toks[:, None].to(gl.int64) * stride_om + out_rows[None, :]
     gl.store(ptrs, y, mask=((toks >= first) & (toks < M))[:, None] & (out_rows < N)[None, :])

@@ -8,7 +8,19 @@ all K are loaded at once and decoded up front (BN x K x 2 bytes: 48 KB at 16 row
 at 32), while x arrives by TMA in XS slots of XC chunks (64 K each), one box a slot (x
 viewed as [chunk, token, K in chunk]); phase p multiplies slot p % XS, and once its
 wgmmas are issued the slot phase p - 1 used is refilled with phase p - 1 + XS's chunks,
-after a wait that leaves only phase p's wgmmas in flight.
+after a wait that leaves only phase p's wgmmas in flight. At 24 rows with two or more
+refilled phases (SmolLM2's down projection at 193-256 tokens) the decode is split in
+three groups instead, so that the refills go out before it ends (split_decode).
+
+Session `epilogue` (docs/notes/nvfp4-triton.md; two to three runs of five interleaved
+rounds on H100s, as no H200 came), bit-equal to the kernel before it, us (torch): 576 x
+1536 at M = 256 / 224 / 193 5.07 / 5.12 / 5.09 against 5.20 / 5.46 / 5.39 (5.30 / 5.22 /
+5.28). The split decode is 0.09-0.13 us of it (the same kernel forced to decode up
+front: 5.21 / 5.20 / 5.17); at 193-224 tokens the rest comes from three changes that
+tie at 256: a barrier allocation per ring slot (Triton orders accesses to one
+allocation with CTA barriers: 28 bar.sync a program became 15), the output rows made in
+the store's layout (_store_tokens' ROWS_MADE), the barriers' invalidations after the
+stores.
 
 24 rows (BN = 24) run in a 32-row tile whose last 8 rows are never decoded
 (_decode_rows24): the wgmma is the 32-row one, x is read once a chunk, and a program loads
@@ -103,14 +115,14 @@ def _fill(x_desc, x_ring, bars, slot: gl.constexpr, phase: gl.constexpr, row,
     the rows after them are never written: they feed only accumulator rows >= XR, which
     the store masks, as a row of the product depends on its own row of x alone)."""
     if XR == x_ring[slot].shape[1]:
-        mbarrier.expect(bars.index(slot), x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [phase * XC, row, 0], bars.index(slot),
+        mbarrier.expect(bars[slot], x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [phase * XC, row, 0], bars[slot],
                                         x_ring[slot])
     else:
-        mbarrier.expect(bars.index(slot), XC * x_desc.block_type.nbytes)
+        mbarrier.expect(bars[slot], XC * x_desc.block_type.nbytes)
         for j in gl.static_range(XC):
             tma.async_copy_global_to_shared(x_desc, [row, (phase * XC + j) * 64],
-                                            bars.index(slot), x_ring[slot].index(j).slice(0, XR))
+                                            bars[slot], x_ring[slot].index(j).slice(0, XR))
 
 
 @gluon.jit
@@ -132,9 +144,14 @@ def _start_ring(x_desc, row0, BM: gl.constexpr, XC: gl.constexpr, XS: gl.constex
             slot = gl.allocate_shared_memory(dtype, [XC, BM, 64], SW)
             x_ring = x_ring + (slot,)
             x_tiles = x_tiles + (slot,)
-    bars = gl.allocate_shared_memory(gl.int64, [XS, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(XS):
-        mbarrier.init(bars.index(s), count=1)
+    # a barrier per allocation: Triton orders accesses to one allocation with CTA
+    # barriers, so one [XS] allocation put a bar.sync before every phase's wait (28
+    # against 15 in a program at 576 x 1536, M = 256)
+    bars = ()
+    for _ in gl.static_range(XS):
+        bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(bar, count=1)
+        bars = bars + (bar,)
     fence_async_shared()
     for s in gl.static_range(XS):
         if s < NP:
@@ -143,20 +160,22 @@ def _start_ring(x_desc, row0, BM: gl.constexpr, XC: gl.constexpr, XS: gl.constex
 
 
 @gluon.jit
-def _decode_rows24(words, scales, words8, scales8, SW: gl.constexpr, BOX: gl.constexpr,
-                   dtype: gl.constexpr):
-    """BN = 24's decoded weights: one [32, 64] buffer a chunk (wgmma's B) whose rows 24-31
-    are never written; they feed only accumulator columns 24-31, which the store masks (a
-    column of the product depends on its own weight row alone). Rows 0-15 come from
-    `words` ([16, 8] a chunk), rows 16-23 from `words8` ([8, 16]: chunks 2c and 2c + 1 in
-    one load, so a thread still holds one word). A chunk pair is one allocation in x's box
-    layout, so that its rows 16-23 are one [2, 8, 64] view. Fenced for the async reads;
-    the first barrier pins the loads issued before it ahead of the decode."""
-    gl.thread_barrier()
-    KC: gl.constexpr = len(words)
+def _decode_rows24(words, scales, words8, scales8, C0: gl.constexpr, C1: gl.constexpr,
+                   SW: gl.constexpr, BOX: gl.constexpr, dtype: gl.constexpr,
+                   FIRST: gl.constexpr):
+    """BN = 24's decoded weights for chunks [C0, C1) (both even): one [32, 64] buffer a
+    chunk (wgmma's B) whose rows 24-31 are never written; they feed only accumulator
+    columns 24-31, which the store masks (a column of the product depends on its own
+    weight row alone). Rows 0-15 come from `words` ([16, 8] a chunk), rows 16-23 from
+    `words8` ([8, 16]: chunks 2c and 2c + 1 in one load, so a thread still holds one
+    word). A chunk pair is one allocation in x's box layout, so that its rows 16-23 are
+    one [2, 8, 64] view. Fenced for the async reads; FIRST's barrier pins the loads issued
+    before it ahead of the decode."""
+    if FIRST:
+        gl.thread_barrier()
     boxes = ()
     pairs = ()
-    for _ in gl.static_range(KC // 2):
+    for _ in gl.static_range((C1 - C0) // 2):
         box = gl.allocate_shared_memory(dtype, [2, 32, 64], BOX)
         boxes = boxes + (box,)
         pairs = pairs + (box._reinterpret(dtype, [2, 32, 64], SW),)
@@ -164,19 +183,32 @@ def _decode_rows24(words, scales, words8, scales8, SW: gl.constexpr, BOX: gl.con
     # second chunk's rows 0-15: in this order it puts one barrier among the stores, not
     # one a pair (rows 16-23 of every pair, then rows 0-15 of every first chunk, then of
     # every second chunk)
-    for c in gl.static_range(KC // 2):
+    for c in gl.static_range(C0 // 2, C1 // 2):
         w = _decode_chunk(words8[c], scales8[c], dtype)  # [8, 128]: chunks 2c, 2c + 1
-        boxes[c].slice(16, 8, dim=1).store(gl.permute(gl.reshape(w, [8, 2, 64]), (1, 0, 2)))
+        boxes[c - C0 // 2].slice(16, 8, dim=1).store(
+            gl.permute(gl.reshape(w, [8, 2, 64]), (1, 0, 2)))
     for h in gl.static_range(2):
-        for c in gl.static_range(KC // 2):
-            pairs[c].index(h).slice(0, 16).store(
-                _decode_chunk(words[2 * c + h], scales[2 * c + h], dtype))
+        for c in gl.static_range(C0 + h, C1, 2):
+            pairs[(c - C0) // 2].index(h).slice(0, 16).store(
+                _decode_chunk(words[c], scales[c], dtype))
     fence_async_shared()  # the generic stores above before wgmma's async reads
     gl.thread_barrier()
     w_bufs = ()
-    for c in gl.static_range(KC):
+    for c in gl.static_range(C1 - C0):
         w_bufs = w_bufs + (pairs[c // 2].index(c % 2),)
     return w_bufs
+
+
+@gluon.jit
+def _phases(acc, x_tiles, bars, w_bufs, W0: gl.constexpr, P0: gl.constexpr,
+            P1: gl.constexpr, XC: gl.constexpr, XS: gl.constexpr):
+    """Wait for phases [P0, P1)'s x and issue their wgmmas; w_bufs start at chunk W0."""
+    for p in gl.static_range(P0, P1):
+        mbarrier.wait(bars[p % XS], (p // XS) % 2)
+        for j in gl.static_range(XC):
+            acc = warpgroup_mma(x_tiles[p % XS].index(j),
+                                w_bufs[p * XC + j - W0].permute((1, 0)), acc, is_async=True)
+    return acc
 
 
 @gluon.jit
@@ -187,9 +219,12 @@ def _phased_kernel(
     XC: gl.constexpr, XS: gl.constexpr, XR: gl.constexpr, OUT_LOG2: gl.constexpr,
     WL: gl.constexpr, ACC: gl.constexpr, SW: gl.constexpr, WIDE: gl.constexpr,
     WORDS_ASM: gl.constexpr, SHIFT: gl.constexpr, WL8: gl.constexpr, BOX: gl.constexpr,
+    SPLIT: gl.constexpr,
 ):
     """out[tokens, rows] for 64 tokens and BN weight rows, as small_kernel's, with x in
-    NP phases through the ring; BN = 24 in a 32-column tile (_decode_rows24)."""
+    NP phases through the ring; BN = 24 in a 32-column tile (_decode_rows24). SPLIT
+    (split_decode): the decode in three groups, so that the ring's refills go out before
+    the decode ends."""
     NP: gl.constexpr = KC // XC  # phases
     pid_n = gl.program_id(0)
     pid_m = gl.program_id(1)
@@ -202,43 +237,62 @@ def _phased_kernel(
     if BN == 24:
         # 16 rows a chunk as BN = 16 loads them, 8 rows two chunks a load; the store's N
         # ends at the program's 24th row
-        n0 = pid_n * 24
-        n_end = gl.minimum(N, n0 + 24)
-        w_ptrs, s_ptrs = _word_pointers(w_ptr, s_ptr, n0, N, stride_w, stride_s, 16, 8, WL)
-        w8_ptrs, s8_ptrs = _word_pointers(w_ptr, s_ptr, n0 + 16, N, stride_w, stride_s, 8, 16,
+        col0 = pid_n * 24
+        n_end = gl.minimum(N, col0 + 24)
+        w_ptrs, s_ptrs = _word_pointers(w_ptr, s_ptr, col0, N, stride_w, stride_s, 16, 8, WL)
+        w8_ptrs, s8_ptrs = _word_pointers(w_ptr, s_ptr, col0 + 16, N, stride_w, stride_s, 8, 16,
                                           WL8)
-        out_rows = n0 + gl.arange(0, 32, layout=gl.SliceLayout(0, ACC))
+        out_rows = col0 + gl.arange(0, 32, layout=gl.SliceLayout(0, ACC))
         s2, bias = _load_s2_bias(s2_ptr, bias_ptr, out_rows, n_end, HAS_BIAS)
         words, scales = _load_words(w_ptrs, s_ptrs, 8, KC, WORDS_ASM)
         words8, scales8 = _load_words(w8_ptrs, s8_ptrs, 16, KC // 2, WORDS_ASM)
     else:
+        col0 = pid_n * BN
         n_end = N
         words, scales, out_rows, s2, bias = _load_rows(
             w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL,
             ACC, WORDS_ASM)
     if XR != BM:
         x_ring, x_tiles, bars = _start_ring(x_desc, row0, BM, XC, XS, XR, NP, SW)
-    if BN == 24:
-        w_bufs = _decode_rows24(words, scales, words8, scales8, SW, BOX, dtype)
-    else:
-        w_bufs = _decode_to_shared(words, scales, SW, dtype, False)
     acc = gl.zeros([BM, tile_rows(BN)], gl.float32, ACC)
-    for p in gl.static_range(NP):
-        mbarrier.wait(bars.index(p % XS), (p // XS) % 2)
-        for j in gl.static_range(XC):
-            acc = warpgroup_mma(x_tiles[p % XS].index(j),
-                                w_bufs[p * XC + j].permute((1, 0)), acc, is_async=True)
-        if p >= 1:
-            if p - 1 + XS < NP:
-                # only phase p's wgmmas may still read the ring: phase p - 1's slot is free
-                acc = warpgroup_mma_wait(XC, deps=(acc,))
-                gl.thread_barrier()
-                _fill(x_desc, x_ring, bars, (p - 1) % XS, p - 1 + XS, row0, XC, XR)
-    acc = warpgroup_mma_wait(0, deps=(acc,))
+    if SPLIT:
+        # phases [0, G) decoded and issued; [G, XS) decoded while those run; then the
+        # slots of [0, G) refilled with phases XS to NP - 1 (G = NP - XS) and [G, XS)
+        # issued; the rest decoded while the refills arrive (the first group's buffers
+        # are free by then: the wait names them, so they stay allocated until it)
+        G: gl.constexpr = NP - XS
+        wa = _decode_rows24(words, scales, words8, scales8, 0, G * XC, SW, BOX, dtype, True)
+        acc = _phases(acc, x_tiles, bars, wa, 0, 0, G, XC, XS)
+        wb = _decode_rows24(words, scales, words8, scales8, G * XC, XS * XC, SW, BOX, dtype,
+                            False)
+        acc = warpgroup_mma_wait(0, deps=(acc,) + wa)[0]
+        gl.thread_barrier()
+        for q in gl.static_range(G):
+            _fill(x_desc, x_ring, bars, q, XS + q, row0, XC, XR)
+        acc = _phases(acc, x_tiles, bars, wb, G * XC, G, XS, XC, XS)
+        wc = _decode_rows24(words, scales, words8, scales8, XS * XC, KC, SW, BOX, dtype, False)
+        acc = _phases(acc, x_tiles, bars, wc, XS * XC, XS, NP, XC, XS)
+        acc = warpgroup_mma_wait(0, deps=(acc,) + wb + wc)[0]
+    else:
+        if BN == 24:
+            w_bufs = _decode_rows24(words, scales, words8, scales8, 0, KC, SW, BOX, dtype, True)
+        else:
+            w_bufs = _decode_to_shared(words, scales, SW, dtype, False)
+        for p in gl.static_range(NP):
+            acc = _phases(acc, x_tiles, bars, w_bufs, 0, p, p + 1, XC, XS)
+            if p >= 1:
+                if p - 1 + XS < NP:
+                    # only phase p's wgmmas may still read the ring: phase p - 1's slot is
+                    # free
+                    acc = warpgroup_mma_wait(XC, deps=(acc,))
+                    gl.thread_barrier()
+                    _fill(x_desc, x_ring, bars, (p - 1) % XS, p - 1 + XS, row0, XC, XR)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+    _store_tokens(acc, row0, pid_m * BM, col0, s2, bias, out_ptr, M, n_end, stride_om,
+                  HAS_BIAS, OUT_LOG2, WIDE, ROWS_MADE=True)
+    # after the stores, as measured faster (docs/notes/nvfp4-triton.md, session `epilogue`)
     for s in gl.static_range(XS):
-        mbarrier.invalidate(bars.index(s))
-    _store_tokens(acc, row0, pid_m * BM, out_rows, s2, bias, out_ptr, M, n_end, stride_om,
-                  HAS_BIAS, OUT_LOG2, WIDE)
+        mbarrier.invalidate(bars[s])
 
 
 @gluon.constexpr_function
@@ -269,6 +323,24 @@ def ring_slots(k: int, bn: int, one_box: bool) -> int:
     run and lost 0.05-0.07 in another, and 32-row slots lost 0.4 us with 4 or 5."""
     want = (4 if one_box else 5) if k // (64 * XC) in (5, 6) else XS
     return next((s for s in range(want, XS, -1) if _shared_bytes(bn, k, s) <= SMEM_BYTES), XS)
+
+
+def split_decode(k: int, bn: int, xr: int, slots: int) -> bool:
+    """Whether _phased_kernel decodes in three groups (SPLIT) instead of all at once: at
+    BN = 24 with 64-token boxes, where at least two phases wait for a refill of the
+    ring (SmolLM2's down projection: six phases, four slots). All-at-once, the refills
+    go out only after the whole decode and the first phase's wgmmas, so the last
+    phases' x arrives late (a probe that skipped the refills ran 0.36 us faster at
+    576 x 1536, M = 256). Split, phases 0-1 are decoded and issued first, 2-3 decoded
+    while they run, then slots 0-1 refilled, 2-3 issued and 4-5 decoded while their x
+    arrives. Bit-equal; five interleaved rounds on an H100 (docs/notes/nvfp4-triton.md,
+    session `epilogue`), us, split against all at once (torch): 576 x 1536 at M = 256 /
+    224 / 193 5.03 / 5.05 / 5.02 against 5.15 / 5.14 / 5.12 (5.27 / 5.18 / 5.45). With one
+    refilled phase (576 x 1280) it was mixed: 4.57 against 4.74 at M = 256, 4.56 against
+    4.48 at M = 224. The first group's phases must all be in the ring at the start (fewer
+    refilled phases than slots)."""
+    refilled = k // (64 * XC) - slots
+    return bn == 24 and xr == 64 and 2 <= refilled < slots
 
 
 def x_rows(m: int) -> int:
@@ -379,14 +451,18 @@ def _call(x2, packed, scales, s2, bias, out, cfg) -> tuple:
     asm = words_asm(packed, wl)
     xs = ring_slots(k, bn, xr == bm)
     shift = shifts_last_tile(m, bm)
+    split = cfg.get("SPLIT", split_decode(k, bn, xr, xs))  # forced only by tests
+    assert not split or split_decode(k, bn, xr, xs) or (bn == 24 and xr == bm and
+                                                        0 < k // (64 * XC) - xs < xs), cfg
     return (
         (cdiv(n, bn), cdiv(m, bm)),
         (make_x(x2), words, scales.view(torch.uint8), s2, bias if has_bias else out, out,
          m, n, words.stride(0), scales.stride(0), out.stride(0)),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, KC=k // 64, XC=XC, XS=xs, XR=xr,
              OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, ACC=acc, SW=sw, WIDE=wide, WORDS_ASM=asm,
-             SHIFT=shift, WL8=wl8, BOX=_BOX_LAYOUT),
-        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype, wide, asm, xs, shift), make_x)
+             SHIFT=shift, WL8=wl8, BOX=_BOX_LAYOUT, SPLIT=split),
+        dict(num_warps=w), (has_bias, bn, w, k, xr, x2.dtype, wide, asm, xs, shift, split),
+        make_x)
 
 
 _LAUNCHES = LaunchCache(_phased_kernel)  # a memo of compiled launches, as Triton's own cache
