@@ -41,5 +41,5 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
         for _ in range(n):
             tok = int(res.logits[0, -1].argmax())
             out.append(tok)
-            res = model(torch.tensor([[tok]]), past_key_values=res.past_key_values, use_cache=True)
+            res = model(torch.tensor([[tok]]), cache=res.cache, use_cache=True)
     return out
