@@ -310,7 +310,7 @@ def _store_tokens(acc, row0, first, out_rows, s2, bias, out_ptr, M, N, stride_om
     made in the store's layout from the first. Bit-equal; two runs of five
     interleaved rounds on an H100 (docs/notes/nvfp4-triton.md, session `epilogue`): made
     anew, small_kernel lost 0.1-0.25 us at 576 x 576 (M = 256) and 1536 x 576 (M = 128)
-    and won 0.17 at 3072 x 576, while small_phased_kernel won (it passes ROWS_MADE)."""
+    and won 0.15-0.20 at 3072 x 576, while small_phased_kernel won (it passes ROWS_MADE)."""
     BM: gl.constexpr = acc.shape[0]
     BN: gl.constexpr = acc.shape[1]
     y = (acc * (2.0**OUT_LOG2)) * s2  # the power of two is exact
