@@ -161,17 +161,16 @@ def _start_ring(x_desc, row0, BM: gl.constexpr, XC: gl.constexpr, XS: gl.constex
 
 @gluon.jit
 def _decode_rows24(words, scales, words8, scales8, C0: gl.constexpr, C1: gl.constexpr,
-                   SW: gl.constexpr, BOX: gl.constexpr, dtype: gl.constexpr,
-                   FIRST: gl.constexpr):
+                   SW: gl.constexpr, BOX: gl.constexpr, dtype: gl.constexpr):
     """BN = 24's decoded weights for chunks [C0, C1) (both even): one [32, 64] buffer a
     chunk (wgmma's B) whose rows 24-31 are never written; they feed only accumulator
     columns 24-31, which the store masks (a column of the product depends on its own
     weight row alone). Rows 0-15 come from `words` ([16, 8] a chunk), rows 16-23 from
     `words8` ([8, 16]: chunks 2c and 2c + 1 in one load, so a thread still holds one
     word). A chunk pair is one allocation in x's box layout, so that its rows 16-23 are
-    one [2, 8, 64] view. Fenced for the async reads; FIRST's barrier pins the loads issued
-    before it ahead of the decode."""
-    if FIRST:
+    one [2, 8, 64] view. Fenced for the async reads; from chunk 0, a first barrier pins the
+    loads issued before it ahead of the decode."""
+    if C0 == 0:
         gl.thread_barrier()
     boxes = ()
     pairs = ()
@@ -261,21 +260,20 @@ def _phased_kernel(
         # issued; the rest decoded while the refills arrive (the first group's buffers
         # are free by then: the wait names them, so they stay allocated until it)
         G: gl.constexpr = NP - XS
-        wa = _decode_rows24(words, scales, words8, scales8, 0, G * XC, SW, BOX, dtype, True)
+        wa = _decode_rows24(words, scales, words8, scales8, 0, G * XC, SW, BOX, dtype)
         acc = _phases(acc, x_tiles, bars, wa, 0, 0, G, XC, XS)
-        wb = _decode_rows24(words, scales, words8, scales8, G * XC, XS * XC, SW, BOX, dtype,
-                            False)
+        wb = _decode_rows24(words, scales, words8, scales8, G * XC, XS * XC, SW, BOX, dtype)
         acc = warpgroup_mma_wait(0, deps=(acc,) + wa)[0]
         gl.thread_barrier()
         for q in gl.static_range(G):
             _fill(x_desc, x_ring, bars, q, XS + q, row0, XC, XR)
         acc = _phases(acc, x_tiles, bars, wb, G * XC, G, XS, XC, XS)
-        wc = _decode_rows24(words, scales, words8, scales8, XS * XC, KC, SW, BOX, dtype, False)
+        wc = _decode_rows24(words, scales, words8, scales8, XS * XC, KC, SW, BOX, dtype)
         acc = _phases(acc, x_tiles, bars, wc, XS * XC, XS, NP, XC, XS)
         acc = warpgroup_mma_wait(0, deps=(acc,) + wb + wc)[0]
     else:
         if BN == 24:
-            w_bufs = _decode_rows24(words, scales, words8, scales8, 0, KC, SW, BOX, dtype, True)
+            w_bufs = _decode_rows24(words, scales, words8, scales8, 0, KC, SW, BOX, dtype)
         else:
             w_bufs = _decode_to_shared(words, scales, SW, dtype, False)
         for p in gl.static_range(NP):
