@@ -280,7 +280,7 @@ def _time_gluon(gk, named_cfgs, pick, x, qs, n_fp4, reps, m, n, k):
 
 def tune_gemv(x, qs, n_fp4, reps, m, n, k):
     """Time the Gluon GEMV (gemv_kernel.py) over tile shapes and K splits: the sweep behind
-    gemv_kernel.pick_config. Returns [] where it cannot run (more than 8 tokens, K not a
+    gemv_configs.pick_config. Returns [] where it cannot run (more than 8 tokens, K not a
     multiple of 512, a Triton without Gluon)."""
     try:
         from libs.kernels.nvfp4 import gemv_kernel as gk

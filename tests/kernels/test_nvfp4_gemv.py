@@ -212,51 +212,6 @@ def test_gemv_stages_x_by_cp_async_behind_the_first_weight_loads(cfg):
         assert max(copies) < min(words) and sum(i < wait[0] for i in words) >= 8
 
 
-def test_fits_and_pick_config():
-    cfg = dict(BN=64, BM=8, NBYTES=16, SPLIT_K=4, num_warps=4)
-    assert gk.fits(1, 4096, cfg) and gk.fits(8, 2048, cfg)
-    assert not gk.fits(9, 4096, cfg)  # more tokens than the MMA's N
-    assert not gk.fits(1, 1024, cfg)  # K not four chunks per split
-    # one token elsewhere: x staged, 64 rows on 4 warps, about four programs per SM
-    # with fewer rows where some SMs would get four programs and others three
-    assert gk.pick_config(1, 8192, 28672) == dict(X_SMEM[0], ROWS=63)  # 524 programs
-    assert gk.pick_config(1, 28672, 8192) == dict(X_SMEM[0], SPLIT_K=1, ROWS=55)  # 522
-    assert "ROWS" not in gk.pick_config(1, 24576, 8192)  # 384 programs: three at most
-    assert "ROWS" not in gk.pick_config(1, 4096, 14336)  # 256 programs
-    assert gk.pick_config(1, 4096, 14336) == X_SMEM[0]  # past K = 8192: no slices
-    assert "X_SMEM" not in gk.pick_config(1, 28672, 28672)  # 224 chunks: x not staged
-    assert gk.pick_config(2, 8192, 28672) == dict(BN=128, BM=8, NBYTES=16, SPLIT_K=4,
-                                                  num_warps=8)
-    assert gk.pick_config(8, 4096, 4096)["SPLIT_K"] == 8
-    staged = dict(X_SMEM[0])
-    assert gk.fits(1, 4096, staged) and not gk.fits(2, 4096, staged)  # one token only
-    assert not gk.fits(1, 64 * 1024, staged)  # 128 chunks a split: more than it stages
-    assert not gk.fits(1, 4096, dict(SLICED[1], X_SMEM=True))
-    assert not gk.fits(1, 11008, dict(RAGGED[0], X_SMEM=True))
-    # one token on 2048-4096 rows: K sliced across the warps
-    assert gk.pick_config(1, 4096, 4096) == SLICED[4]  # 32 rows a program from 3072 rows
-    assert gk.pick_config(1, 3072, 4096) == SLICED[4]
-    assert gk.pick_config(1, 2048, 4096) == SLICED[0]  # 16 rows: 128 programs, not 64
-    assert gk.pick_config(1, 4096, 2048) == SLICED[2]  # 2048 is not 8 slices of 512
-    assert gk.pick_config(1, 2048, 6144) == SLICED[1]  # nor is 6144; 16 rows under 3072
-    assert gk.pick_config(1, 3072, 6144) == SLICED[1]  # 16 rows: slices of three groups
-    # K = 8192: staged x split 8 ways or more beats the slices
-    assert gk.pick_config(1, 4096, 8192) == dict(X_SMEM[0], SPLIT_K=8, ROWS=63)
-    assert gk.pick_config(1, 2048, 8192) == dict(X_SMEM[0], SPLIT_K=16, ROWS=63)
-    assert gk.pick_config(1, 4096, 6144) == SLICED[1]  # staged x would split only 4 ways
-    assert "SLICES" not in gk.pick_config(1, 8192, 8192)  # 512 programs: split K
-    assert "SLICES" not in gk.pick_config(2, 4096, 4096)
-    sliced = dict(SLICED[0])
-    assert gk.fits(1, 4096, sliced) and not gk.fits(2, 4096, sliced)
-    assert not gk.fits(1, 2048, sliced)  # 8 slices of 256: not four chunks each
-    assert gk.pick_config(9, 4096, 4096) is None  # more tokens: linear_kernels
-    assert gk.pick_config(1, 576, 1536) is None  # small layers: linear_kernels
-    assert gk.pick_config(1, 4096, 4160) is None  # K not whole chunks of 128
-    assert gk.pick_config(1, 4096, 11008) == RAGGED[0]  # 86 chunks: uneven splits
-    assert gk.fits(1, 640, RAGGED[2]) and not gk.fits(1, 640, RAGGED[1])  # 5 chunks, 3 splits
-    assert not gk.fits(1, 4160, RAGGED[2])
-
-
 def test_linear_uses_the_gemv_only_on_views_it_can_read():
     # nvfp4_linear hands M = 1 on this layer to the GEMV when the weight bytes can be read as
     # int32 words; a weight starting 2 bytes into a buffer cannot, and takes the Triton

@@ -1,0 +1,120 @@
+"""Which config gemv_kernel.py's GEMV runs a call with: whether a call fits a config (fits),
+the tile, K split or K slices and x staging a call gets (pick_config), and the rules under
+it (_split, _even_rows). Plain Python on ints and dicts, without Triton, so these rules are
+tested everywhere (tests/kernels/test_nvfp4_gemv_configs.py), as gemm_configs.py's are.
+"""
+
+from .grid import cdiv
+
+X_SMEM_CHUNKS = 64  # x staged per program: at most 16 KB of bf16 at 128 elements a chunk
+
+
+def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
+    """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
+    kernel is used instead: more than 8 tokens, layers under 2^23 weights, K not a
+    multiple of 128. From `python -m bench.nvfp4_kernels_bench --linear-only --tune
+    --tune-m 1` and sweeps of the same configs on more shapes on an H200
+    (docs/notes/nvfp4-triton.md, sessions `gluon-gemv`, `gemv-slices` and `two-gpus`):
+    - one token on 2048 to 4096 rows with K up to 4096, or up to 8192 where the staged-x
+      form below would split K fewer than 8 ways: K split across the warps of a
+      program (SLICES), 8 warps where K makes 8 slices of four-chunk groups, else 4; 16
+      rows a program, or 32 from 3072 rows where each slice is one group: 4096 x 4096 in
+      7.1 against 8.1 us for the split-K form, 2048 x 4096 5.1 against 6.3 (and 7.0 / 4.9
+      against 7.5 / 6.1 for the staged-x form below). Against the rule before it (16
+      rows a program, 4 warps at 4096 rows; session `wide-slices`, five rounds, us):
+      3072 x 4096 6.13 against 6.44, 4096 x 2048 4.45 against 4.51, 4096 x 4096
+      6.63-6.70 against 6.71-6.79; 32 rows on 4 warps at K = 6144 took 10.57 against 8.75.
+      At K = 8192 the staged-x form splits 8 or 16 ways and is as fast or faster (session
+      `s2-early`, us): 4096 x 8192 9.48 against 10.72, 3072 x 8192 8.35 against 10.38,
+      2048 x 8192 7.18 against 7.19; at 6144 it splits 4 ways and is slower: 4096 x 6144
+      9.04 against 8.70, 2048 x 6144 7.31 against 6.68;
+    - other single tokens: x staged in shared memory (X_SMEM), 64 rows on 4 warps a
+      program, K split until there are about four programs per SM, and fewer rows a
+      program where that evens out the SMs (_even_rows). Against the form
+      before it (128 rows, 8 warps, x from global memory; three interleaved rounds, us):
+      8192 x 28672 41.1 against 45.6, 28672 x 8192 43.0 against 47.1, 8192 x 8192 15.8
+      against 17.3, 14336 x 4096 14.9 against 16.4, 4096 x 14336 16.6 against 17.7
+      (slices), 1024 x 8192 6.1 against 6.5, 11008 x 4096 13.1 against 16.3;
+    - two to 8 tokens: 128 rows on 8 warps per program and K split until there are about
+      two programs (16 warps) per SM; 16 tokens (two MMA columns of 8) measured slower
+      than the Triton kernel;
+    - K in whole chunks of 128 but not whole four-chunk groups per split (RAGGED, e.g.
+      11008 = 86 chunks): uneven splits by the same rule, their last group partly masked.
+      Against the Triton kernel in the same run: 4096 x 11008 at M = 1 14.8 against 16.0
+      us, at M = 8 16.6 against 18.1, 8192 x 11008 24.8 against 26.0, 2048 x 5504 8.0
+      against 9.4 (torch 28.7 / 29.0 / 46.2 / 11.2)."""
+    if m > 8 or n * k < 2**23:
+        return None
+    if m == 1:
+        staged = _split(dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, num_warps=4, X_SMEM=True),
+                        m, n, k, 4 * sms)
+        if staged is not None and not fits(m, k, staged):
+            staged = None
+        if 2048 <= n <= 4096 and k <= 8192 and (
+                staged is None or k <= 4096 or staged["SPLIT_K"] < 8):
+            for w in (8, 4):
+                # 32 rows a program where that leaves 96 programs or more and each warp's
+                # slice is one four-chunk group (longer slices ran 20% slower at 32 rows)
+                rows = 32 if n >= 3072 and k == 4 * 128 * w else 16
+                cfg = dict(BN=rows * w, BM=8, NBYTES=16, SPLIT_K=1, SLICES=w, num_warps=w)
+                if fits(m, k, cfg):
+                    return cfg
+        if staged is not None:
+            return _even_rows(staged, n, sms)
+    cfg = dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8)
+    if not fits(m, k, cfg):
+        cfg["RAGGED"] = True  # e.g. K = 11008, 86 chunks: uneven splits
+        if not fits(m, k, cfg):
+            return None
+    return _split(cfg, m, n, k, 2 * sms)
+
+
+def _even_rows(cfg: dict, n: int, sms: int) -> dict:
+    """cfg with ROWS (fewer weight rows a program than its BN) where its grid puts four
+    programs on some SMs and three on others: the grid then fills all four program slots
+    of every SM with programs of fewer bytes each, so the busiest SMs read less. The spare
+    rows are still decoded (and dropped), so where no SM had four programs this would add
+    work, and the rule leaves those grids alone. Bit-equal outputs (each output row's sum
+    is the same); one H200, five interleaved rounds, us (docs/notes/nvfp4-triton.md,
+    session `read-floor`): 28672 x 8192 40.8 against 42.1 (448 -> 522 programs, 55 rows), 26624 x
+    8192 40.5 against 41.8, 14336 x 4096 14.1 against 14.4, 8192 x 14336 21.9 against 22.2,
+    8192 x 28672 39.1 against 39.2 (512 -> 524, 63 rows); from three programs a SM to four
+    it lost 12-21% (24576 x 8192 with 47 rows 40.7 against 34.4)."""
+    programs = cdiv(n, cfg["BN"]) * cfg["SPLIT_K"]
+    if 3 * sms < programs < 4 * sms:
+        rows = cdiv(n, 4 * sms // cfg["SPLIT_K"])
+        if rows < cfg["BN"]:
+            cfg["ROWS"] = rows
+    return cfg
+
+
+def _split(cfg: dict, m: int, n: int, k: int, programs: int) -> dict | None:
+    """cfg with SPLIT_K doubled while the grid stays within `programs` and K still splits
+    into whole four-chunk groups (or, RAGGED, four chunks a split); None where K does not
+    fit cfg at all. X_SMEM's bound on chunks per split is left to the caller's fits()."""
+    split_fits = dict(cfg, X_SMEM=False)  # the K rule alone; X_SMEM's bound is checked after
+    if not fits(m, k, split_fits):
+        return None
+    tiles = cdiv(n, cfg["BN"])
+    while tiles * cfg["SPLIT_K"] * 2 <= programs:
+        if not fits(m, k, dict(split_fits, SPLIT_K=cfg["SPLIT_K"] * 2)):
+            break
+        cfg["SPLIT_K"] *= 2
+    return cfg
+
+
+def fits(m: int, k: int, cfg: dict) -> bool:
+    """Whether the Gluon GEMV handles this call: few tokens (one where K is sliced across
+    warps) and whole four-chunk groups per split or slice, or (RAGGED) whole chunks and at
+    least four per split; X_SMEM: one token, neither sliced nor ragged, at most
+    X_SMEM_CHUNKS chunks per split."""
+    slices = cfg.get("SLICES", 1)
+    chunk = 8 * cfg["NBYTES"]
+    if cfg.get("X_SMEM") and (m != 1 or slices > 1 or cfg.get("RAGGED")
+                              or k // (chunk * cfg["SPLIT_K"]) > X_SMEM_CHUNKS):
+        return False
+    if cfg.get("RAGGED"):
+        return (slices == 1 and m <= cfg["BM"] and k % chunk == 0
+                and k // chunk >= 4 * cfg["SPLIT_K"])
+    return (m <= (1 if slices > 1 else cfg["BM"])
+            and k % (4 * chunk * cfg["SPLIT_K"] * slices) == 0)
