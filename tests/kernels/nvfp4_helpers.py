@@ -8,6 +8,30 @@ from libs.kernels.nvfp4 import reference
 MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 
 
+# gemv_kernel configs shared by its GPU tests and its host-rule tests (gemv_configs)
+# one token, K sliced across the warps (the picks at 2048-4096 rows: 8 slices of 16 or 32
+# rows a program, 4 of 32 where K is not 8 slices of four chunks; and 4 and 2 slices of 16)
+GEMV_SLICED = [
+    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, SLICES=8, num_warps=8),
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, SLICES=4, num_warps=4),
+    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, SLICES=4, num_warps=4),
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, SLICES=2, num_warps=2),
+    dict(BN=256, BM=8, NBYTES=16, SPLIT_K=1, SLICES=8, num_warps=8),
+]
+# one token with x staged in shared memory: the pick's 64 rows on 4 warps, and 128 on 8
+GEMV_X_SMEM = [
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=4, num_warps=4, X_SMEM=True),
+    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8, X_SMEM=True),
+]
+# K in whole chunks of 128 but not whole four-chunk groups per split: uneven splits whose
+# last group is partly masked (the pick for 4096 x 11008 first)
+GEMV_RAGGED = [
+    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=8, num_warps=8, RAGGED=True),
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=3, num_warps=4, RAGGED=True),
+    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, num_warps=4, RAGGED=True),
+]
+
+
 def block_with_anchor(values) -> torch.Tensor:
     """One 16-element fp32 block: `values`, padded with zeros, plus a 6.0 in the last slot so
     that with global_scale 1.0 the block scale is exactly 6 / (6 * 1) = 1 and y == x."""

@@ -7,6 +7,9 @@ import re
 import pytest
 import torch
 
+from .nvfp4_helpers import GEMV_RAGGED as RAGGED
+from .nvfp4_helpers import GEMV_SLICED as SLICED
+from .nvfp4_helpers import GEMV_X_SMEM as X_SMEM
 from .nvfp4_helpers import (
     check_linear_exact,
     count_exact_on_shapes,
@@ -28,20 +31,6 @@ CONFIGS = [
     dict(BN=64, BM=8, NBYTES=16, SPLIT_K=2, num_warps=2),
     dict(BN=128, BM=16, NBYTES=16, SPLIT_K=2, num_warps=8),
 ]
-# one token, K sliced across the warps (the picks at 2048-4096 rows: 8 slices of 16 or 32
-# rows a program, 4 of 32 where K is not 8 slices of four chunks; and 4 and 2 slices of 16)
-SLICED = [
-    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, SLICES=8, num_warps=8),
-    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, SLICES=4, num_warps=4),
-    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, SLICES=4, num_warps=4),
-    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, SLICES=2, num_warps=2),
-    dict(BN=256, BM=8, NBYTES=16, SPLIT_K=1, SLICES=8, num_warps=8),
-]
-# one token with x staged in shared memory: the pick's 64 rows on 4 warps, and 128 on 8
-X_SMEM = [
-    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=4, num_warps=4, X_SMEM=True),
-    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8, X_SMEM=True),
-]
 # fewer rows a program than BN (ROWS: the spare rows re-read the tile's last and are
 # dropped): the pick's 63 and 55 on the staged form, and odd counts elsewhere
 FEWER_ROWS = [
@@ -50,13 +39,6 @@ FEWER_ROWS = [
     dict(X_SMEM[1], ROWS=100),
     dict(CONFIGS[1], ROWS=37),
     dict(CONFIGS[2], ROWS=127),
-]
-# K in whole chunks of 128 but not whole four-chunk groups per split: uneven splits whose
-# last group is partly masked (the pick for 4096 x 11008 first)
-RAGGED = [
-    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=8, num_warps=8, RAGGED=True),
-    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=3, num_warps=4, RAGGED=True),
-    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, num_warps=4, RAGGED=True),
 ]
 
 

@@ -4,22 +4,11 @@ themselves are tested on the GPU (test_nvfp4_gemv.py)."""
 
 from libs.kernels.nvfp4 import gemv_configs as gv
 
-# one token, K sliced across the warps: 8 slices of 16 rows, 4 of 16, 4 of 32, 2 of 32, 8 of 32
-SLICED = [
-    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, SLICES=8, num_warps=8),
-    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, SLICES=4, num_warps=4),
-    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, SLICES=4, num_warps=4),
-    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, SLICES=2, num_warps=2),
-    dict(BN=256, BM=8, NBYTES=16, SPLIT_K=1, SLICES=8, num_warps=8),
-]
-# one token with x staged in shared memory: 64 rows on 4 warps
-STAGED = dict(BN=64, BM=8, NBYTES=16, SPLIT_K=4, num_warps=4, X_SMEM=True)
-# K in whole chunks of 128 but not whole four-chunk groups per split (uneven splits)
-RAGGED = [
-    dict(BN=128, BM=8, NBYTES=16, SPLIT_K=8, num_warps=8, RAGGED=True),
-    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=3, num_warps=4, RAGGED=True),
-    dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, num_warps=4, RAGGED=True),
-]
+from .nvfp4_helpers import GEMV_RAGGED as RAGGED
+from .nvfp4_helpers import GEMV_SLICED as SLICED
+from .nvfp4_helpers import GEMV_X_SMEM
+
+STAGED = GEMV_X_SMEM[0]  # one token, x staged: 64 rows on 4 warps, split 4
 
 
 def test_fits_and_pick_config():

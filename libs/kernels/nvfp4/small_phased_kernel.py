@@ -248,7 +248,7 @@ def _phased_kernel(
     else:
         col0 = pid_n * BN
         n_end = N
-        words, scales, out_rows, s2, bias = _load_rows(
+        words, scales, _, s2, bias = _load_rows(  # rows: made at the store
             w_ptr, s_ptr, s2_ptr, bias_ptr, pid_n, N, stride_w, stride_s, HAS_BIAS, BN, KC, WL,
             ACC, WORDS_ASM)
     if XR != BM:
