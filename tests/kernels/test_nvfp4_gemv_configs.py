@@ -27,9 +27,8 @@ def test_fits_and_pick_config():
     assert gv.pick_config(2, 8192, 28672) == dict(BN=128, BM=8, NBYTES=16, SPLIT_K=4,
                                                   num_warps=8)
     assert gv.pick_config(8, 4096, 4096)["SPLIT_K"] == 8
-    staged = dict(STAGED)
-    assert gv.fits(1, 4096, staged) and not gv.fits(2, 4096, staged)  # one token only
-    assert not gv.fits(1, 64 * 1024, staged)  # 128 chunks a split: more than it stages
+    assert gv.fits(1, 4096, STAGED) and not gv.fits(2, 4096, STAGED)  # one token only
+    assert not gv.fits(1, 64 * 1024, STAGED)  # 128 chunks a split: more than it stages
     assert not gv.fits(1, 4096, dict(SLICED[1], X_SMEM=True))
     assert not gv.fits(1, 11008, dict(RAGGED[0], X_SMEM=True))
     # one token on 2048-4096 rows: K sliced across the warps
@@ -45,9 +44,8 @@ def test_fits_and_pick_config():
     assert gv.pick_config(1, 4096, 6144) == SLICED[1]  # staged x would split only 4 ways
     assert "SLICES" not in gv.pick_config(1, 8192, 8192)  # 512 programs: split K
     assert "SLICES" not in gv.pick_config(2, 4096, 4096)
-    sliced = dict(SLICED[0])
-    assert gv.fits(1, 4096, sliced) and not gv.fits(2, 4096, sliced)
-    assert not gv.fits(1, 2048, sliced)  # 8 slices of 256: not four chunks each
+    assert gv.fits(1, 4096, SLICED[0]) and not gv.fits(2, 4096, SLICED[0])
+    assert not gv.fits(1, 2048, SLICED[0])  # 8 slices of 256: not four chunks each
     assert gv.pick_config(9, 4096, 4096) is None  # more tokens: linear_kernels
     assert gv.pick_config(1, 576, 1536) is None  # small layers: linear_kernels
     assert gv.pick_config(1, 4096, 4160) is None  # K not whole chunks of 128
