@@ -45,33 +45,100 @@ def _round_e4m3(s):
     """fp32 s in [2^-9, 448] -> (s rounded to nearest even on the e4m3 grid, as fp32; its
     float8_e4m3fn byte).
 
-    Done with integer ops rather than Triton's fp32 -> fp8 cast so that the rounding mode is
-    written here, not left to a lowering (the CPU interpreter's cast does not round).
-    - s >= 2^-6 (normal e4m3, 3 mantissa bits): round the fp32 bits at bit 20, ties to even,
-      and the byte is the rounded exponent/mantissa field rebiased from 127 to 7
-      ((bits >> 20) - (120 << 3)). A carry into the exponent is the right answer.
-    - s < 2^-6 (subnormal, steps of 2^-9): the number of steps, 1..8, is the byte itself
-      (8 is 0x08 = 2^-6, the smallest normal)."""
-    bits = s.to(tl.int32, bitcast=True)
-    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -0x100000
-    # 2^14 has an fp32 ulp of 2^-9: adding it rounds s to a multiple of 2^-9 (nearest
-    # even), and the low bits of the sum count those steps.
-    steps = (s + 16384.0).to(tl.int32, bitcast=True) - 0x46800000
-    is_normal = s >= 0.015625
-    subnormal = steps.to(tl.float32) * 0.001953125  # exact
-    rounded = tl.where(is_normal, bits.to(tl.float32, bitcast=True), subnormal)
-    byte = tl.where(is_normal, (bits >> 20) - 960, steps)
-    return rounded, byte
+    One hardware conversion each way (SM89 and later), the rounding mode written in the
+    PTX rather than left to a lowering: `cvt.rn.satfinite.e4m3x2.f32` rounds to nearest
+    even, the subnormal steps of 2^-9 below 2^-6 included, and e4m3x2 -> f16x2 is exact.
+    The integer rounding this replaced took ~14 instructions a block;
+    tests/kernels/test_nvfp4_triton.py checks this one against torch's cast over every
+    fp32 in [2^-9, 448]."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b16 pair, half_lo, half_hi;
+        .reg .b32 halves;
+        .reg .f32 zero;
+        mov.f32 zero, 0f00000000;
+        cvt.rn.satfinite.e4m3x2.f32 pair, zero, $2;
+        cvt.u32.u16 $1, pair;
+        cvt.rn.f16x2.e4m3x2 halves, pair;
+        mov.b32 {half_lo, half_hi}, halves;
+        cvt.f32.f16 $0, half_lo;
+        }""",
+        "=r,=r,r",
+        [s],
+        dtype=(tl.float32, tl.int32),
+        is_pure=True,
+        pack=1,
+    )
 
 
 @triton.jit
-def _block_divisor(amax, s2):
-    """Block amax -> (d = fp32(s_b) * s2, the e4m3 byte of s_b), as reference.block_scales."""
-    s_b = tl.div_rn(amax, 6.0 * s2)  # the product 6 * s2 is rounded first
-    s_b = tl.where(s_b == 0.0, 1.0, s_b)  # all-zero block: store 1.0
-    s_b = tl.minimum(tl.maximum(s_b, 0.001953125), 448.0)  # [2^-9, 448]
-    s_rounded, s_byte = _round_e4m3(s_b)
-    return s_rounded * s2, s_byte
+def _block_scale(amax, c, y_c, c_cap, c_zero, FAST: tl.constexpr, STEPS: tl.constexpr):
+    """s_b = fl(amax / c) with c = fl(6 * s2), 1.0 where that is 0 (an all-zero block),
+    clamped to [2^-9, 448]: reference.block_scales before its e4m3 rounding.
+
+    FAST: no division. The quotient comes from y_c = fl(1 / c) and STEPS Markstein steps,
+    exact for 16-bit amax in one step and for fp32 in two (_codes_fast's docstring) while
+    the quotient is a normal fp32, which covers every quotient the clamp keeps. Around
+    that: amax is capped at c_cap = c * 2^20 first (a larger quotient clamps to 448
+    anyway, and the cap keeps the steps finite), and fl(amax / c) is 0 exactly when
+    amax / c <= 2^-150, tested as amax * 2^104 <= c_zero = c * 2^-46: in the fast s2
+    range both sides are exact, and a product past fp32's range is inf, never <=. This
+    saves ~6 instructions a block over the correctly rounded division."""
+    if FAST:
+        a = tl.minimum(amax, c_cap)
+        s_b = a * y_c
+        for _ in tl.static_range(STEPS):
+            s_b = tl.fma(tl.fma(s_b, -c, a), y_c, s_b)
+        s_b = tl.minimum(tl.maximum(s_b, 0.001953125), 448.0)  # [2^-9, 448]
+        return tl.where(amax * 2.0**104 <= c_zero, 1.0, s_b)
+    else:
+        s_b = tl.div_rn(amax, c)
+        s_b = tl.where(s_b == 0.0, 1.0, s_b)  # all-zero block: store 1.0
+        return tl.minimum(tl.maximum(s_b, 0.001953125), 448.0)  # [2^-9, 448]
+
+
+@triton.jit
+def _reciprocal(d):
+    """fl(1 / d), correctly rounded, for a normal d whose reciprocal is normal too (the fast
+    s2 range keeps every d in [2^-89, 2^89]): the hardware's approximation and one Newton
+    step, which is PTX rcp.rn's own fast path without its range test and slow-path call
+    (tests/kernels/test_nvfp4_triton.py compares the two over that whole range)."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .f32 approx, err;
+        rcp.approx.ftz.f32 approx, $1;
+        fma.rn.f32 err, $1, approx, 0fBF800000;
+        neg.f32 err, err;
+        fma.rn.f32 $0, approx, err, approx;
+        }""",
+        "=r,r",
+        [d],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _negative_bound(d):
+    """The bits of d * 2^-150 rounded down to an fp32, with the sign bit set (_codes_fast).
+
+    Two products: d / 2, exact, then (d / 2) * 2^-149 rounded toward zero, which is that
+    bound whether it is subnormal (floor(d / 2) steps of 2^-149) or normal."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .f32 half;
+        mul.rn.f32 half, $1, 0f3F000000;
+        mul.rz.f32 half, half, 0f00000001;
+        mov.b32 $0, half;
+        or.b32 $0, $0, 0x80000000;
+        }""",
+        "=r,r",
+        [d],
+        dtype=tl.int32,
+        is_pure=True,
+        pack=1,
+    )
 
 
 @triton.jit
@@ -104,7 +171,7 @@ def _codes_fast(x, d, y, neg_bound, STEPS: tl.constexpr):
     x < -d * 2^-150 (below that the quotient rounds to -0.0), and neg_bound is the bits of
     d * 2^-150 rounded down to an fp32, with the sign bit set, so an unsigned compare of
     x's bits decides it (only negative x can exceed it; -0.0 never does)."""
-    ax = tl.abs(x)
+    ax = _abs(x)
     q = ax * y
     for _ in tl.static_range(STEPS):
         q = tl.fma(tl.fma(q, -d, ax), y, q)  # -d, not -q: q's product stays shared
@@ -112,6 +179,16 @@ def _codes_fast(x, d, y, neg_bound, STEPS: tl.constexpr):
     # can fold the bias into the packing's constants.
     code_bits = _add_sign(_magnitude_bits(q), x, neg_bound)
     return code_bits - 0x4B000000
+
+
+@triton.jit
+def _abs(x):
+    """|x| in PTX, where the hardware takes it as an operand modifier, free. LLVM rewrites
+    tl.abs of a float cut from integer bits into an integer AND, one more instruction an
+    element."""
+    return tl.inline_asm_elementwise(
+        "abs.f32 $0, $1;", "=r,r", [x], dtype=tl.float32, is_pure=True, pack=1
+    )
 
 
 @triton.jit
@@ -215,27 +292,61 @@ def _to_float(x, PAIRS: tl.constexpr):
 
 
 @triton.jit
+def _max_abs_bf16x2(a, b):
+    """max(|a|, |b|) of each bf16 lane of two int32 words: exact, as any max is."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 abs_a, abs_b;
+        abs.bf16x2 abs_a, $1;
+        abs.bf16x2 abs_b, $2;
+        max.bf16x2 $0, abs_a, abs_b;
+        }""",
+        "=r,r,r",
+        [a, b],
+        dtype=tl.int32,
+        is_pure=True,
+        pack=1,
+    )
+
+
+@triton.jit
+def _max_bf16x2(a, b):
+    return tl.inline_asm_elementwise(
+        "max.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
+    )
+
+
+@triton.jit
+def _pairs_amax(x0, x1):
+    """The block amax, as fp32, of bf16 blocks held as [BLOCKS, 4] int32 words of two
+    elements (x0 and x1 the halves): the maximum runs on bf16 pairs, two lanes an
+    instruction, and the two lanes meet at the end (~10 instructions a block, not 16)."""
+    m = tl.reduce(_max_abs_bf16x2(x0, x1), 1, _max_bf16x2)
+    return tl.maximum((m << 16).to(tl.float32, bitcast=True),
+                      (m & -65536).to(tl.float32, bitcast=True))
+
+
+@triton.jit
 def _quantize_tile(
-    x0, x1, x2, x3, tile, s2, packed_ptr, scales_ptr, n_blocks,
+    x0, x1, x2, x3, tile, s2, c, y_c, c_cap, c_zero, packed_ptr, scales_ptr, n_blocks,
     BLOCKS: tl.constexpr, W: tl.constexpr, FAST: tl.constexpr, STEPS: tl.constexpr,
     PAIRS: tl.constexpr,
 ):  # fmt: skip
     x0 = _to_float(x0, PAIRS)
     x1 = _to_float(x1, PAIRS)
-    amax = tl.maximum(tl.max(tl.abs(x0), axis=1), tl.max(tl.abs(x1), axis=1))
+    amax = tl.maximum(tl.max(_abs(x0), axis=1), tl.max(_abs(x1), axis=1))
     if W == 4:
         x2 = x2.to(tl.float32)
         x3 = x3.to(tl.float32)
         amax = tl.maximum(amax, tl.max(tl.abs(x2), axis=1))
         amax = tl.maximum(amax, tl.max(tl.abs(x3), axis=1))
-    d, s_byte = _block_divisor(amax, s2)
+    s_rounded, s_byte = _round_e4m3(_block_scale(amax, c, y_c, c_cap, c_zero, FAST, STEPS))
+    d = s_rounded * s2  # the per-block divisor, rounded once as in the reference
     y = d
     neg_bound = d.to(tl.int32, bitcast=True)
     if FAST:
-        y = tl.div_rn(1.0, d)
-        # d * 2^-150 rounded down: subnormal (floor(d / 2) steps of 2^-149) below d = 2^24.
-        neg_bound = tl.where(d < 16777216.0, (d * 0.5).to(tl.int32), neg_bound - (150 << 23))
-        neg_bound = neg_bound | -0x80000000  # the sign bit: only negative x can exceed it
+        y = _reciprocal(d)
+        neg_bound = _negative_bound(d)
     word0 = _word(_codes(x0, d, y, neg_bound, FAST, STEPS), W)
     word1 = _word(_codes(x1, d, y, neg_bound, FAST, STEPS), W)
     if W == 4:
@@ -248,7 +359,9 @@ def _quantize_tile(
     tl.store(
         packed_ptr + blocks[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=in_range[:, None]
     )
-    tl.store(scales_ptr + blocks, s_byte.to(tl.uint8), mask=in_range)
+    # One byte a block, each stored from the thread that owns the block: said to be
+    # contiguous, the bytes were first regrouped through shared memory (two barriers).
+    tl.store(scales_ptr + tl.max_contiguous(blocks, 1), s_byte.to(tl.uint8), mask=in_range)
 
 
 @triton.jit
@@ -270,15 +383,19 @@ def quantize_kernel(
     programs = tl.num_programs(0)
     s2 = tl.load(s2_ptr)
     fast = (s2 >= FAST_S2_MIN) & (s2 <= FAST_S2_MAX)
+    c = 6.0 * s2  # the reference rounds this product first
+    y_c = tl.div_rn(1.0, c)  # _block_scale's constants, once a program
+    c_cap = c * 1048576.0  # 2^20
+    c_zero = c * 2.0**-46
     tile = tl.program_id(0)
     x0, x1, x2, x3 = _load_tile(x_ptr, tile, n_blocks, BLOCKS, W, PAIRS)
     while tile < n_tiles:
         n0, n1, n2, n3 = _load_tile(x_ptr, tile + programs, n_blocks, BLOCKS, W, PAIRS)
         if fast:
-            _quantize_tile(x0, x1, x2, x3, tile, s2, packed_ptr, scales_ptr, n_blocks,
-                           BLOCKS, W, True, STEPS, PAIRS)  # fmt: skip
+            _quantize_tile(x0, x1, x2, x3, tile, s2, c, y_c, c_cap, c_zero, packed_ptr,
+                           scales_ptr, n_blocks, BLOCKS, W, True, STEPS, PAIRS)  # fmt: skip
         else:
-            _quantize_tile(x0, x1, x2, x3, tile, s2, packed_ptr, scales_ptr, n_blocks,
-                           BLOCKS, W, False, STEPS, PAIRS)  # fmt: skip
+            _quantize_tile(x0, x1, x2, x3, tile, s2, c, y_c, c_cap, c_zero, packed_ptr,
+                           scales_ptr, n_blocks, BLOCKS, W, False, STEPS, PAIRS)  # fmt: skip
         x0, x1, x2, x3 = n0, n1, n2, n3
         tile += programs

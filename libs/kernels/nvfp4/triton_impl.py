@@ -33,9 +33,10 @@ from .quantize_kernel import FAST_S2_MAX, FAST_S2_MIN, quantize_kernel
 
 # Blocks of 16 elements per dequantize program: 2048 elements, 16 per thread with 4 warps.
 _BLOCKS_PER_PROGRAM = 128
-# quantize, per input dtype: (blocks per tile = threads per program, warps, programs per
-# SM), the best of bench/nvfp4_kernels_bench.py --tune on an H200 (fp16 takes bf16's).
-_QUANTIZE_CONFIG = {torch.float32: (256, 4, 32), torch.bfloat16: (128, 2, 32)}
+# quantize, per input dtype: (blocks of 16 per tile, warps, programs per SM); a thread owns
+# blocks / (32 * warps) blocks of a tile. fp16 takes bf16's. Picked with
+# bench/nvfp4_kernels_bench.py --tune and docs/notes/nvfp4-triton.md's A/Bs.
+_QUANTIZE_CONFIG = {torch.float32: (256, 4, 32), torch.bfloat16: (256, 4, 32)}
 
 
 @triton.jit
