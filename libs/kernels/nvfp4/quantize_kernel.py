@@ -1,11 +1,12 @@
 """Triton quantize kernel for NVFP4, bit-exact with reference.quantize (and so ModelOpt).
 
-Every step is the reference's IEEE fp32 operation in the same order: the block amax, one
-rounded product 6 * s2, a correctly rounded division for the block scale (`tl.div_rn`:
-Triton's plain `/` on fp32 is approximate), the e4m3 rounding (nearest even, with integer
-ops; the clamp to [2^-9, 448] first, as in the reference), the rounded product
+Every result is that of the reference's IEEE fp32 operations in the same order: the block
+amax, one rounded product c = 6 * s2, the correctly rounded block scale fl(amax / c), the
+clamp to [2^-9, 448], the e4m3 rounding (nearest even), the rounded product
 d = fp32(s_b) * s2, then per element the E2M1 code of fl(x / d), round to nearest even,
-with the reference's saturation and sign rules.
+with the reference's saturation and sign rules. Where a step is computed another way
+(below), the docstring of its function says why the bits are the same, and
+tests/kernels/test_nvfp4_quantize_steps.py checks it over every input it can get.
 
 Speed: an 8192 x 8192 quantize moves 172 MB (bf16 in) or 306 MB (fp32 in), so at an H200's
 ~4.2 TB/s it has ~40-75 us, and per element only a couple of dozen instructions fit in that.
@@ -16,6 +17,12 @@ What keeps it there:
   per element and made this kernel instruction-bound;
 - the E2M1 rounding as a minimum of three rounded fp32 additions (_magnitude_bits), on
   the FMA pipe rather than the integer unit, which has half its throughput;
+- a short block prologue (~21 instructions where it took ~45): the block scale without
+  a division (_block_scale), the e4m3 rounding by the hardware's conversion
+  (_round_e4m3), the reciprocal without its slow path (_reciprocal), the sign bound in
+  two products (_negative_bound), and the scale bytes stored by the threads that own
+  their blocks, without a regrouping through shared memory and its two barriers;
+- for bf16, the eight signs of a half block decided together on bf16 pairs (_sign_bits);
 - one thread owns whole blocks (two 16-byte halves for 16-bit inputs, four quarters for
   fp32), so the amax and the block scale need no shuffles and are computed once;
 - each program loops over tiles and loads the next tile before encoding this one, so a
@@ -24,10 +31,10 @@ What keeps it there:
 - bf16 is read as int32 words of two elements: a bf16 is the top half of its fp32, so
   one shift or one mask per element, and no register shuffles for bf16 values carried
   through the loop.
-Measured (H200, bench/nvfp4_kernels_bench.py --stream-baseline, the previous kernel with a
-division per element timed in the same run, three runs): bf16 in 50.0-50.6 us, 80-82% of
-the copy (previous 78 us); fp32 in 75-76 us, 95-97% (previous 95 us). bf16 is bound by
-its ~19 instructions per element; docs/notes/nvfp4-triton.md has the steps.
+With bf16 in, a thread's loop iteration (two blocks, 32 elements) is 522 SASS
+instructions, ~16.3 an element (591 executed, 18.5 an element, before the prologue and
+sign changes). Measured figures: docs/notes/nvfp4-triton.md (sessions `quantize-markstein`
+and `quantize-steps`).
 """
 
 import triton
