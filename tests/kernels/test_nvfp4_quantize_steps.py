@@ -7,6 +7,7 @@ the values their inputs produce; these run every input each step can get:
 - the e4m3 rounding: every fp32 in [2^-9, 448] against torch's cast;
 - the reciprocal and the sign bound: every fp32 divisor in [2^-89, 2^89] against a
   correctly rounded division and the integer form the kernel used before;
+- the bf16 signs: every finite bf16 against every sign bound a quantize can make;
 - the block scale: millions of (amax, s2) pairs, with the edges of the fast s2 range, of
   the clamps and of the quotients that round to zero, against a correctly rounded division.
 """
@@ -71,6 +72,16 @@ if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
         tl.store(exact_ptr + i, exact, mask=i < n)
 
 
+    @triton.jit
+    def _sign_bits_kernel(words_ptr, bounds_ptr, out_ptr, n_rows, ROWS: tl.constexpr):
+        """Rows of `words` ([n_rows, 4] int32 bf16 pairs) against bound program_id(0)."""
+        rows = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
+        words = tl.load(words_ptr + rows[:, None] * 4 + tl.arange(0, 4)[None, :])
+        bound = tl.load(bounds_ptr + tl.program_id(0) + rows * 0)
+        signs = qk._sign_bits(words, bound, rows * 0)
+        tl.store(out_ptr + tl.program_id(0) * n_rows + rows, signs)
+
+
 def f32_bits(value: float) -> int:
     return torch.tensor(value, dtype=torch.float32).view(torch.int32).item()
 
@@ -106,6 +117,31 @@ def test_the_harness_sees_a_wrong_reciprocal():
     # The hardware's approximation without the Newton step is off by an ulp now and then.
     bad_reciprocals, _ = count_divisor_mismatches(1.0, 2.0, bare=True)
     assert bad_reciprocals > 1000
+
+
+def test_sign_bits_are_the_unsigned_compare_for_every_bf16_and_bound():
+    # Every finite bf16 (NaN patterns never reach the kernel: quantize rejects them)
+    # against every bound's top half a quantize can make (d * 2^-150 rounded down, d up to
+    # 2^89, with the sign bit: 0x8000 to 0xA1FF), with random low halves.
+    x16 = torch.arange(65536, device="cuda", dtype=torch.int64)
+    nan = ((x16 & 0x7F80) == 0x7F80) & ((x16 & 0x7F) != 0)
+    x16 = torch.where(nan, 0, x16)
+    words = (x16[0::2] | (x16[1::2] << 16)).to(torch.int32).view(-1, 4)  # [8192, 4]
+    g = torch.Generator(device="cuda").manual_seed(3)
+    top = torch.arange(0x8000, 0xA200, device="cuda", dtype=torch.int64)
+    low = torch.randint(0, 65536, top.shape, device="cuda", generator=g)
+    low[:16] = 0
+    low[16:32] = 0xFFFF
+    bounds = (top << 16) | low
+    out = torch.empty(len(bounds), 8192, device="cuda", dtype=torch.int32)
+    _sign_bits_kernel[(len(bounds), 8192 // 256)](words, bounds.to(torch.int32), out, 8192,
+                                                  ROWS=256)
+    # the integer form _add_sign uses: element bits (x16 << 16) > bound, as unsigned
+    negative = (x16[None, :] << 16) > bounds[:, None]  # [bounds, 65536], both non-negative
+    nibble_sign = 8 << (4 * torch.arange(8, device="cuda"))
+    want = (negative.view(len(bounds), 8192, 8).long() * nibble_sign).sum(-1)
+    assert torch.equal(out.long() & 0xFFFFFFFF, want), "sign bits differ"
+    assert negative.any() and not negative.all()
 
 
 def _amax_values(dtype: torch.dtype, count: int, g: torch.Generator) -> torch.Tensor:
