@@ -56,7 +56,7 @@ def _round_e4m3(s):
     PTX rather than left to a lowering: `cvt.rn.satfinite.e4m3x2.f32` rounds to nearest
     even, the subnormal steps of 2^-9 below 2^-6 included, and e4m3x2 -> f16x2 is exact.
     The integer rounding this replaced took ~14 instructions a block;
-    tests/kernels/test_nvfp4_triton.py checks this one against torch's cast over every
+    tests/kernels/test_nvfp4_quantize_steps.py checks it against torch's cast on every
     fp32 in [2^-9, 448]."""
     return tl.inline_asm_elementwise(
         """{
@@ -109,7 +109,7 @@ def _reciprocal(d):
     """fl(1 / d), correctly rounded, for a normal d whose reciprocal is normal too (the fast
     s2 range keeps every d in [2^-89, 2^89]): the hardware's approximation and one Newton
     step, which is PTX rcp.rn's own fast path without its range test and slow-path call
-    (tests/kernels/test_nvfp4_triton.py compares the two over that whole range)."""
+    (tests/kernels/test_nvfp4_quantize_steps.py compares the two over that range)."""
     return tl.inline_asm_elementwise(
         """{
         .reg .f32 approx, err;
@@ -177,7 +177,8 @@ def _codes_fast(x, d, y, neg_bound, STEPS: tl.constexpr, SIGNED: tl.constexpr = 
     The sign is exact on its own: the reference's `fl(x / d) < 0` holds exactly when
     x < -d * 2^-150 (below that the quotient rounds to -0.0), and neg_bound is the bits of
     d * 2^-150 rounded down to an fp32, with the sign bit set, so an unsigned compare of
-    x's bits decides it (only negative x can exceed it; -0.0 never does)."""
+    x's bits decides it (only negative x can exceed it; -0.0 never does). SIGNED=False
+    leaves the sign bit to the caller (_sign_bits does eight at once for bf16)."""
     ax = _abs(x)
     q = ax * y
     for _ in tl.static_range(STEPS):
@@ -299,41 +300,6 @@ def _to_float(x, PAIRS: tl.constexpr):
         return tl.reshape(tl.join(even, odd), (x.shape[0], 2 * x.shape[1]))
     else:
         return x.to(tl.float32)
-
-
-@triton.jit
-def _max_abs_bf16x2(a, b):
-    """max(|a|, |b|) of each bf16 lane of two int32 words: exact, as any max is."""
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b32 abs_a, abs_b;
-        abs.bf16x2 abs_a, $1;
-        abs.bf16x2 abs_b, $2;
-        max.bf16x2 $0, abs_a, abs_b;
-        }""",
-        "=r,r,r",
-        [a, b],
-        dtype=tl.int32,
-        is_pure=True,
-        pack=1,
-    )
-
-
-@triton.jit
-def _max_bf16x2(a, b):
-    return tl.inline_asm_elementwise(
-        "max.bf16x2 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True, pack=1
-    )
-
-
-@triton.jit
-def _pairs_amax(x0, x1):
-    """The block amax, as fp32, of bf16 blocks held as [BLOCKS, 4] int32 words of two
-    elements (x0 and x1 the halves): the maximum runs on bf16 pairs, two lanes an
-    instruction, and the two lanes meet at the end (~10 instructions a block, not 16)."""
-    m = tl.reduce(_max_abs_bf16x2(x0, x1), 1, _max_bf16x2)
-    return tl.maximum((m << 16).to(tl.float32, bitcast=True),
-                      (m & -65536).to(tl.float32, bitcast=True))
 
 
 @triton.jit
