@@ -71,7 +71,6 @@ if torch.cuda.is_available() and importlib.util.find_spec("triton") is not None:
         tl.store(fast_ptr + i, fast, mask=i < n)
         tl.store(exact_ptr + i, exact, mask=i < n)
 
-
     @triton.jit
     def _sign_bits_kernel(words_ptr, bounds_ptr, out_ptr, n_rows, ROWS: tl.constexpr):
         """Rows of `words` ([n_rows, 4] int32 bf16 pairs) against bound program_id(0)."""
