@@ -35,17 +35,24 @@ def span(
                             set_status_on_exception=False):
             yield current
     except asyncio.CancelledError:  # what anyio cancels with on asyncio (our only loop)
-        if current.status.status_code is StatusCode.UNSET:
+        if _status_unset(current):
             current.set_status(Status(StatusCode.ERROR, "cancelled"))
         current.add_event("cancelled")
         raise
     except BaseException as e:
-        if current.status.status_code is StatusCode.UNSET:
+        if _status_unset(current):
             current.set_status(Status(StatusCode.ERROR, f"{type(e).__name__}: {e}"))
         current.record_exception(e)
         raise
     finally:
         current.end()
+
+
+def _status_unset(target: Span) -> bool:
+    """No status set yet. A non-recording span (tracing not set up) has no `status`
+    attribute at all, and its set_status is a no-op: treat it as unset."""
+    status = getattr(target, "status", None)
+    return status is None or status.status_code is StatusCode.UNSET
 
 
 def mark_aborted(target: Span, reason: str, stage: str) -> None:

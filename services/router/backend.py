@@ -92,11 +92,14 @@ class MeshBackend:
         if not prompt:
             raise RequestError(400, "the prompt is empty", param="prompt")
         sampling = self.sampling(req, len(prompt))
-        async for event in self.run(prompt, sampling, operation_of(req)):
-            if isinstance(event, Finished):
-                yield FinishEvent(event.finish_reason, len(prompt), event.completion_tokens)
-            else:
-                yield TokenEvent(event.text, event.token_ids[-1] if event.token_ids else -1)
+        # aclosing: closing this generator must close the mesh request in the same task
+        # (its Aborts), not leave it to the garbage collector (see MeshClient.generate).
+        async with aclosing(self.run(prompt, sampling, operation_of(req))) as events:
+            async for event in events:
+                if isinstance(event, Finished):
+                    yield FinishEvent(event.finish_reason, len(prompt), event.completion_tokens)
+                else:
+                    yield TokenEvent(event.text, event.token_ids[-1] if event.token_ids else -1)
 
     async def run(self, prompt: list[int], sampling: cpb.SamplingParams,
                   operation: str = "text_completion", budget: float | None = None):

@@ -135,9 +135,15 @@ class MeshClient:
         for attempt in range(self.retries + 1):
             yielded = False
             try:
-                async for event in self._attempt(prompt, sampling, deadline, avoid, progress):
-                    yielded = True
-                    yield event
+                # aclosing: a caller that leaves while we sit at `yield` closes the attempt
+                # here, in its own task, so its Aborts are sent now; a bare `async for`
+                # would leave them to the garbage collector's finalizer, detached and late.
+                async with aclosing(
+                    self._attempt(prompt, sampling, deadline, avoid, progress)
+                ) as events:
+                    async for event in events:
+                        yielded = True
+                        yield event
                 return
             except MeshError as e:
                 retry = (

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 import pytest
 from opentelemetry import trace
@@ -100,3 +102,13 @@ def test_exporter_choice_follows_the_standard_variables():
     with pytest.raises(ValueError, match="gRPC only"):
         exporter_from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4318",
                            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"})
+
+
+@pytest.mark.parametrize("error", [ValueError("bad"), GeneratorExit(), asyncio.CancelledError()])
+def test_a_span_without_an_sdk_lets_the_real_error_through(monkeypatch, error):
+    """Tracing not set up: spans are non-recording and have no `status`; the error that
+    ended the block must come out, not an AttributeError from the span's bookkeeping."""
+    monkeypatch.setattr(trace, "get_tracer", lambda *a, **k: trace.NoOpTracer())
+    with pytest.raises(type(error)):
+        with span("untraced"):
+            raise error
