@@ -16,6 +16,7 @@ import anyio
 
 from pdmesh.storm import abort, agentic, cascade, restart
 from pdmesh.storm.common import Timeline, ms, wait_quiet
+from pdmesh.storm.evidence import busy_evidence, render
 
 MODES = {"abort": abort, "agentic": agentic, "cascade": cascade, "restart": restart}
 
@@ -161,6 +162,8 @@ async def storm(args: argparse.Namespace) -> tuple[dict, Timeline]:
          quiet is not None),
     ]
     result["figures"]["final_quiet_s"] = quiet
+    if quiet is None:  # a wedge: say where, while the mesh is still in that state
+        result["figures"]["evidence"] = await busy_evidence(args.bootstrap)
     return result, timeline
 
 
@@ -171,6 +174,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"check {'ok  ' if ok else 'FAIL'} {text}")
     ok = all(passed for _, passed in result["checks"])
     print(f"verdict: {'PASS' if ok else 'FAIL'}")
+    if "evidence" in result["figures"]:
+        print(render(result["figures"]["evidence"]))
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     document = {"mode": args.mode, "args": vars(args), "ok": ok,

@@ -107,3 +107,38 @@ def test_restart_storm_kills_and_recovers_one_role(tmp_path):
     # abort a process at exit after a remote disconnect; see libs/transfer/agent.py).
     assert "all services stopped" in mesh.log()
     assert "stopped with exit code" not in mesh.log()
+
+
+async def test_busy_evidence_names_the_holder_and_where_its_handlers_wait(tiny_mesh):
+    """What a failed quiescence check prints: the member still holding a request, and the
+    stacks of the request's handlers on the router and on that member."""
+    import anyio
+
+    from pdmesh.client import GenerateClient
+    from pdmesh.status import collect
+    from pdmesh.storm.evidence import busy_evidence, render
+
+    async with GenerateClient(tiny_mesh.router, timeout=60) as client:
+        async with anyio.create_task_group() as tg:
+            async def one_long_request() -> None:
+                async for _ in client.generate(prompt="river engine", max_tokens=2000,
+                                               temperature=0, ignore_eos=True):
+                    await anyio.sleep(0.05)  # a slow reader: the request stays in decode
+
+            tg.start_soon(one_long_request)
+            with anyio.fail_after(30):
+                while not any(m["role"] == "decode" and m["inflight"]
+                              for m in (await collect(tiny_mesh.bootstrap))["members"]):
+                    await anyio.sleep(0.05)
+            evidence = await busy_evidence(tiny_mesh.bootstrap)
+            tg.cancel_scope.cancel()
+    decode = [m for m in evidence["members"] if m["role"] == "decode"]
+    assert decode and decode[0]["inflight"] == 1 and decode[0]["kv_pages_used"] > 0
+    name = decode[0]["name"]
+    (decode_stack,) = evidence["stacks"][name]
+    assert "in Generate" in decode_stack and "in _stream" in decode_stack  # streaming tokens
+    router = "\n".join(evidence["stacks"]["router"])
+    assert "router/grpc_api.py" in router and "in Generate" in router
+    assert "router/core.py" in router and "in _attempt" in router  # the attempt, in reach
+    text = render(evidence)
+    assert f"decode {name}: inflight 1" in text and f"{name}: 1 request chain(s)" in text
