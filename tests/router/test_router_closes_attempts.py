@@ -6,9 +6,9 @@ MeshClient.generate -> _attempt, whose `finally` sends the Aborts and cancels bo
 When the cancellation lands outside the chain (the handler awaiting `context.write` or
 the HTTP `send`), only `aclose()` reaches the attempt; a bare `async for` anywhere in the
 chain leaves it to the garbage collector's finalizer: a detached task, run late or, for
-an object caught in a reference cycle, not until a full collection, while the decode
-keeps the request's pages (CI saw one request hold 25 pages for over a minute after a
-cascade storm's client was killed).
+an object caught in a reference cycle, not until a full collection. Found while chasing
+a CI failure where one request kept its 25 decode pages after a cascade storm's client
+was killed (docs/notes/ci-failures.md, stop 48, which says what this does not explain).
 
 The mesh attempt is the one fake here: an async generator whose cleanup awaits, as the
 Aborts do. Everything above it is the router's real code.
