@@ -118,15 +118,18 @@ async def test_busy_evidence_names_the_holder_and_where_its_handlers_wait(tiny_m
     from pdmesh.status import collect
     from pdmesh.storm.evidence import busy_evidence, render
 
+    streaming = anyio.Event()
     async with GenerateClient(tiny_mesh.router, timeout=60) as client:
         async with anyio.create_task_group() as tg:
             async def one_long_request() -> None:
                 async for _ in client.generate(prompt="river engine", max_tokens=2000,
                                                temperature=0, ignore_eos=True):
+                    streaming.set()  # tokens arrive: the decode is past its KV wait
                     await anyio.sleep(0.05)  # a slow reader: the request stays in decode
 
             tg.start_soon(one_long_request)
             with anyio.fail_after(30):
+                await streaming.wait()
                 while not any(m["role"] == "decode" and m["inflight"]
                               for m in (await collect(tiny_mesh.bootstrap))["members"]):
                     await anyio.sleep(0.05)
