@@ -20,6 +20,7 @@ import asyncio
 from types import SimpleNamespace
 
 import anyio
+import pytest
 
 from pdmesh.v1 import common_pb2 as cpb
 from services.router.backend import MeshBackend
@@ -71,22 +72,17 @@ async def test_mesh_client_generate_closes_its_attempt_inside_aclose():
     assert cleanups.tasks == [asyncio.current_task()]
 
 
-async def test_grpc_path_backend_run_closes_the_attempt_inside_aclose():
+@pytest.mark.parametrize("path", ["grpc", "http"])
+async def test_backend_closes_the_attempt_inside_aclose(path):
+    """The gRPC front end reads `backend.run`, the HTTP one `backend.stream`."""
     cleanups = Cleanups()
     backend = backend_with(cleanups)
-    events = backend.run([1, 2, 3], cpb.SamplingParams(max_tokens=8))
-    assert isinstance(await events.__anext__(), Tokens)
-    await events.aclose()
-    assert cleanups.tasks == [asyncio.current_task()]
-    assert backend.inflight == 0
-
-
-async def test_http_path_backend_stream_closes_the_attempt_inside_aclose():
-    cleanups = Cleanups()
-    backend = backend_with(cleanups)
-    events = backend.stream(completion_request())
+    if path == "grpc":
+        events = backend.run([1, 2, 3], cpb.SamplingParams(max_tokens=8))
+    else:
+        events = backend.stream(completion_request())
     first = await events.__anext__()
-    assert first.text == "a"
+    assert first.text == "a" and (path == "http" or isinstance(first, Tokens))
     await events.aclose()
     assert cleanups.tasks == [asyncio.current_task()]
     assert backend.inflight == 0
