@@ -22,11 +22,13 @@ import json
 import os
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 COPY_SHARE = 80.0  # % of the copy, quantize and dequantize
 M1_SPEEDUP = 3.0  # M = 1, large shapes
 M256_SPEEDUP = 1.0  # M = 256, every shape
 LARGE = 4096 * 4096  # weights; the "large shapes" are 4096x4096 and 8192x28672
+STORED = Path(__file__).resolve().parents[1] / "docs" / "notes" / "bench"
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--last", type=int, default=6, help="score the last N runs (0: all)")
     ap.add_argument("--out", default="", help="write the scoreboard here as JSON")
     args = ap.parse_args(argv)
-    paths = args.files or sorted(glob.glob("docs/notes/bench/nvfp4_kernels-*.json"))
+    paths = args.files or sorted(glob.glob(str(STORED / "nvfp4_kernels-*.json")))
     runs = load_runs(paths, args.device, args.last)
     if not runs:
         ap.error(f"no bench run on a {args.device} among {len(paths)} file(s)")
