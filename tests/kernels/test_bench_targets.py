@@ -1,11 +1,8 @@
 """bench.nvfp4_targets: each bench row is judged against the issue's own thresholds."""
 
 import json
-from pathlib import Path
 
-from bench.nvfp4_targets import load_runs, main, score_run, scoreboard
-
-STORED = Path(__file__).parents[2] / "docs/notes/bench"
+from bench.nvfp4_targets import STORED, load_runs, main, score_run, scoreboard
 
 
 def _linear(n, k, m, speedup, rounds=None):
