@@ -44,15 +44,6 @@ class Score:
         return self.value >= self.threshold
 
 
-def _round_range(row: dict) -> tuple[float | None, float | None]:
-    rounds = row.get("rounds") or {}
-    torch_us, nvfp4_us = rounds.get("bf16_us"), rounds.get("nvfp4_us")
-    if not torch_us or not nvfp4_us:
-        return None, None
-    ratios = [t / n for t, n in zip(torch_us, nvfp4_us, strict=True)]
-    return min(ratios), max(ratios)
-
-
 def score_run(run: dict) -> list[Score]:
     """Every target row one bench run can speak to, in the issue's order."""
     scores = [
@@ -66,7 +57,8 @@ def score_run(run: dict) -> list[Score]:
             threshold = M256_SPEEDUP
         else:
             continue  # M = 16 and 64, and M = 1 on small shapes, have no target
-        low, high = _round_range(row)
+        rounds = row.get("rounds") or {}  # the bench's own per-round range, where it kept rounds
+        low, high = rounds.get("speedup_min"), rounds.get("speedup_max")
         name = f"{row['n']}x{row['k']} ({row['shape']}) M={row['m']} speedup"
         scores.append(Score(name, threshold, row["speedup"], low, high))
     return scores
