@@ -12,7 +12,7 @@ from pathlib import Path
 
 # Before torch is imported anywhere: OpenMP's default busy-wait makes every
 # process on a small shared CPU (prefill, decode, router side by side) spin
-# against the others; measured 10-30x slower small ops without this.
+# against the others: small ops run 10-30x slower without this.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 DESCRIPTION = """\
@@ -36,7 +36,8 @@ def _die_with_parent() -> None:
     `pdmesh up` names itself for its services, and the test harness names itself for
     `pdmesh up`, so no process outlives whoever started it. The child arms this itself
     after exec: a `preexec_fn` would force a plain fork() of a parent whose gRPC threads
-    are live, and gRPC's fork handlers then crashed the forked child (seen in CI).
+    are live, and gRPC's fork handlers can then crash the forked child before it execs
+    (docs/incidents.md).
     """
     parent = os.environ.get("PDMESH_PARENT_PID")
     if not parent or not sys.platform.startswith("linux"):
@@ -117,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(service=module)
 
     status = sub.add_parser("status", help="members and their live counters")
-    status.add_argument("--json", action="store_true", help="one JSON object (see contract.md)")
+    status.add_argument("--json", action="store_true",
+                        help="one JSON object (see docs/operations.md)")
     status.add_argument("--bootstrap", default="127.0.0.1:50050", help="bootstrap address")
 
     debug = sub.add_parser("debug", help="evidence from a live service")
@@ -253,8 +255,8 @@ def _exit_without_teardown(code: int) -> None:
     flushed, its NIXL agent closed with every transfer handle accounted for: see
     libs.member.serve.close_agent) without Python's interpreter teardown: after torch was
     imported that teardown costs ~1 s of CPU and frees nothing the kernel would not, and
-    every prefill and decode pays it at every stop (measured 2-3 s per member on a 2-core
-    host, all stopping at once). A service that failed, a leak included, raises instead
+    every prefill and decode pays it at every stop (2-3 s per member on a 2-core host
+    when all stop at once). A service that failed, a leak included, raises instead
     and exits the usual way."""
     import logging
 

@@ -26,9 +26,9 @@ def free_port() -> int:
 
     A mesh's members bind port 0, which the kernel serves from the ephemeral range; a port
     picked there (by binding 0 and letting go) can be handed to one of them before the
-    router binds it. Seen in CI: the router's HTTP port answered with a member's gRPC
-    (HTTP/2) bytes. Below the range only another explicit choice can collide, and each
-    candidate is checked by binding it."""
+    router binds it, and the router's HTTP port then answers with a member's gRPC
+    (HTTP/2) bytes (docs/incidents.md). Below the range only another explicit choice can
+    collide, and each candidate is checked by binding it."""
     return free_ports(1)[0]
 
 

@@ -70,7 +70,8 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
 
 
 async def collect(bootstrap: str, timeout: float = 3.0) -> dict:
-    """The status object of contract.md; raises grpc.aio.AioRpcError if no bootstrap answers."""
+    """What `pdmesh status --json` prints (docs/operations.md); raises grpc.aio.AioRpcError
+    if no bootstrap answers."""
     channel = open_channel(bootstrap)
     try:
         reply = await unary(

@@ -1,9 +1,10 @@
 """pdmesh.localmesh picks the mesh's fixed ports where its members cannot take them first.
 
-CI once failed a mesh test with `BadStatusLine` on the router's /health: the port chosen
-for the router's HTTP had been handed, as an ephemeral port, to a member's gRPC server
-(members bind port 0) before the router bound it. Ports below the ephemeral range cannot
-be handed out that way, and the health probe treats a non-HTTP answer as "not healthy".
+A port chosen in the ephemeral range can be handed to a member's gRPC server (members bind
+port 0) before the router binds it; the router's /health then answers HTTP/2 bytes and the
+health probe fails with `BadStatusLine` (docs/incidents.md). Ports below the ephemeral
+range cannot be handed out that way, and the health probe treats a non-HTTP answer as
+"not healthy".
 """
 
 import socket

@@ -1,8 +1,9 @@
-"""OpenTelemetry for every pdmesh service (issue 4).
+"""OpenTelemetry for every pdmesh service.
 
 Configured by the standard OTEL_* variables. W3C trace context travels in gRPC metadata
-through the thin helpers here, not the stock grpc.aio instrumentation, which breaks
-cancellation and records cancelled RPCs as successful (field guide, traps 4 and 5).
+through the thin helpers here, not the stock grpc.aio instrumentation: its client side
+awaits the call's status, which ignores cancellation, and its server side records
+cancelled RPCs as successful (docs/design.md, "grpc.aio and anyio traps", 4 and 5).
 """
 
 from libs.tracing.propagation import incoming_context, outgoing_metadata

@@ -2,7 +2,7 @@
 
 OTel skips BaseException when recording (opentelemetry-python#4484): a span ended by a
 cancellation would look successful. `span` records the cancellation itself, and
-`mark_aborted` sets the attributes operators filter on (contract.md, Traces).
+`mark_aborted` sets the attributes operators filter on (docs/operations.md, Traces).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each test aims at its window with the fault injection points of libs/faults (a
 pause between computing a chunk and posting its write, a held Abort, a held or
 dropped notification, an injected prefill failure) instead of hoping a random
 load finds it. Real processes under `pdmesh up`, real gRPC, real NIXL, tiny model.
-docs/notes/issue-3.md says how each test was seen failing without its protection.
+docs/design.md lists the 13 mechanisms and the protection each test checks.
 """
 
 from __future__ import annotations

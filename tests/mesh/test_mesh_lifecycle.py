@@ -42,8 +42,9 @@ def test_sigterm_stops_every_service(tmp_path):
 def test_a_dead_parent_takes_the_mesh_with_it(tmp_path):
     """Also: starting the mesh never runs Python's fork hooks, i.e. never takes the plain
     fork() path (a `preexec_fn`). A plain fork of a process whose gRPC threads are live
-    aborted the child in gRPC's fork handlers (CI: 'epoll_wait error: Bad file
-    descriptor', `pdmesh up` dead before exec); the child now arms its own death signal."""
+    can abort the child in gRPC's fork handlers ('epoll_wait error: Bad file descriptor',
+    `pdmesh up` dead before exec; docs/incidents.md); the child arms its own death
+    signal after exec."""
     code = (
         "import os, pathlib, sys, time\n"
         "from pdmesh.localmesh import start_mesh\n"

@@ -369,7 +369,7 @@ async def test_a_room_whose_kv_never_comes_meets_its_deadline_and_frees_everythi
 
 
 def test_every_member_serves_its_prometheus_metrics(tiny_mesh):
-    """contract.md, Metrics: each prefill and decode on its own endpoint (published in
+    """Metrics (docs/operations.md): each prefill and decode on its own endpoint (published in
     the registry), the numbers those of `pdmesh status`, labels without request ids."""
     client = openai.OpenAI(base_url=tiny_mesh.base_url, api_key="x")
     client.completions.create(model="tiny", prompt="river engine " * 20, max_tokens=4)

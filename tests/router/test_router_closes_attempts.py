@@ -6,9 +6,9 @@ MeshClient.generate -> _attempt, whose `finally` sends the Aborts and cancels bo
 When the cancellation lands outside the chain (the handler awaiting `context.write` or
 the HTTP `send`), only `aclose()` reaches the attempt; a bare `async for` anywhere in the
 chain leaves it to the garbage collector's finalizer: a detached task, run late or, for
-an object caught in a reference cycle, not until a full collection. Found while chasing
-a CI failure where one request kept its 25 decode pages after a cascade storm's client
-was killed (docs/notes/ci-failures.md, stop 48, which says what this does not explain).
+an object caught in a reference cycle, not until a full collection. docs/incidents.md
+("A cascade storm never quiesced") has the failure this guards against, and what it does
+not explain.
 
 The mesh attempt is the one fake here: an async generator whose cleanup awaits, as the
 Aborts do. Everything above it is the router's real code.
@@ -89,7 +89,8 @@ async def test_backend_closes_the_attempt_inside_aclose(path):
 
 
 async def test_a_handler_cancelled_at_its_own_await_still_aborts_in_its_task():
-    """The CI case: the handler is cancelled while awaiting its own write, not the mesh."""
+    """The incident's case: the handler is cancelled while awaiting its own write, not the
+    mesh."""
     cleanups = Cleanups()
     backend = backend_with(cleanups)
     parked = anyio.Event()

@@ -1,6 +1,7 @@
 """A client that goes away closes the backend's generator promptly: that is the abort.
 
-uvicorn does not cancel the app on disconnect (field guide, trap 8), so these tests use raw
+uvicorn does not cancel the app on disconnect (docs/design.md, "grpc.aio and anyio traps",
+8), so these tests use raw
 sockets against the real server and time how long the fake backend's generator takes to see
 its `finally` after the client closed its socket.
 """

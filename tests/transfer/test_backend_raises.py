@@ -1,10 +1,11 @@
 """NIXL reports some failures by raising, not by answering ERR; callers see one ERR.
 
-Seen in CI: a decode SIGKILLed while a prefill's write was in flight made
-``check_xfer_state`` raise NIXL_ERR_REMOTE_DISCONNECT. The exception escaped the poll, then
-the prefill's release, which kept that room and its KV pages forever. These tests use the
-binding's own exception class on a stand-in agent: a real peer cannot be killed at exactly
-that instant on demand (CMA writes on one host finish inside the post).
+A decode SIGKILLed while a prefill's write is in flight makes ``check_xfer_state`` raise
+NIXL_ERR_REMOTE_DISCONNECT. Escaping the poll, the exception would escape the prefill's
+release too, which would then keep that room and its KV pages forever (docs/incidents.md).
+These tests use the binding's own exception class on a stand-in agent: a real peer cannot
+be killed at exactly that instant on demand (CMA writes on one host finish inside the
+post).
 """
 
 from __future__ import annotations
