@@ -1,6 +1,8 @@
-# pdmesh: two commands on a fresh machine (contract.md).
-#   make up    create .venv if missing, install, run the whole mesh (Ctrl-C stops it)
-#   make test  create or update .venv with the dev extras, run the whole test suite
+# pdmesh on a fresh machine.
+#   make up     create .venv if missing, install, run the whole mesh (Ctrl-C stops it)
+#   make test   create or update .venv with the dev extras, run the whole test suite
+#   make bench  the mesh vs transformers benchmark (`pdmesh bench`); flags in BENCH_ARGS,
+#               e.g. make bench BENCH_ARGS="--model tiny --tokens 8 --streams 2"
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -10,6 +12,7 @@ PIP := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
 # the slowest tests in every CI log: the suite must stay well under 20 minutes
 PYTEST_ARGS ?= --durations=25
+BENCH_ARGS ?=
 
 .PHONY: up test install install-dev protos lint bench clean
 
@@ -44,8 +47,8 @@ protos: install
 lint: install-dev
 	$(VENV)/bin/ruff check .
 
-bench: install-dev
-	$(PY) -m bench.mesh_bench
+bench: install
+	$(VENV)/bin/pdmesh bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,8 +1,11 @@
 """The mesh on a GPU: prefill and decode on cuda, KV moved VRAM to VRAM by NIXL.
 
-Run on the lent H200 (random weights of SmolLM2's shape, seeded; the 98 MB GGUF does not
-travel there). Checks the mesh's greedy tokens equal the colocated engine's on the same
-device and weights, and prints TTFT and decode tokens/s. Writes JSON to --out.
+    python -m bench.gpu_mesh_smoke [--weights native|nvfp4] [--kv-transfer native|nvfp4]
+
+The default model is ``random:smollm2`` (seeded random weights of SmolLM2's shape), so no
+checkpoint is needed on the GPU machine. Checks the mesh's greedy tokens equal the colocated
+engine's on the same device and weights, and prints TTFT and decode tokens/s. Writes JSON to
+--out; exits 1 when the tokens differ.
 """
 
 from __future__ import annotations

@@ -20,6 +20,6 @@ def smollm2():
 def hf_reference():
     """transformers' reference model loaded once per session (~37 s of CPU a load: its
     GGUF reader parses the file twice); tests only run it under no_grad."""
-    from tests.hf_reference import load_hf_reference
+    from libs.engine.hf_reference import load_hf_reference
 
     return load_hf_reference()

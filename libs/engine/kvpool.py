@@ -44,8 +44,6 @@ class KvPool:
         # Min-heap of free pages: low indices first, so a request's pages tend to be contiguous.
         self._free_heap: list[int] = list(range(num_pages))
         self._is_free = [True] * num_pages
-        # Per-layer views [num_pages, 2, n_kv_heads, page_size, head_dim] for the engine.
-        self.layer_views = [self.tensor[:, layer] for layer in range(config.n_layers)]
 
     @property
     def device(self) -> torch.device:

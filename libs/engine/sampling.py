@@ -8,7 +8,6 @@ Sampling happens on CPU in float64 so that CPU and GPU engines agree given equal
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -73,16 +72,3 @@ def sample(
     idx = min(int(torch.searchsorted(cum, u.reshape(1), right=True)), cum.numel() - 1)
     return int(order[idx])
 
-
-def sample_batch(
-    logits: torch.Tensor,
-    params: Sequence[SamplingParams],
-    steps: Sequence[int],
-    seeds: Sequence[int | None],
-) -> list[int]:
-    """Row-wise ``sample``; greedy rows share a single argmax over the batch."""
-    greedy = torch.argmax(logits, -1).tolist()
-    return [
-        greedy[i] if p.temperature == 0 else sample(logits[i], p, steps[i], seeds[i])
-        for i, p in enumerate(params)
-    ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from libs.engine.sampling import SamplingParams, sample, sample_batch, step_seed
+from libs.engine.sampling import SamplingParams, sample, step_seed
 
 
 def _logits(seed: int = 0, vocab: int = 1000) -> torch.Tensor:
@@ -66,12 +66,3 @@ def test_sampling_follows_distribution():
     counts = torch.bincount(torch.tensor([sample(lg, p, i) for i in range(3000)]), minlength=3)
     assert torch.allclose(counts / 3000, torch.tensor([0.5, 0.3, 0.2]), atol=0.04)
 
-
-def test_sample_batch_matches_rowwise():
-    lgs = torch.stack([_logits(i) for i in range(4)])
-    ps = [SamplingParams(temperature=0), SamplingParams(seed=5), SamplingParams(top_p=0.5)]
-    ps.append(SamplingParams(temperature=0.7, seed=9))
-    seeds = [None, None, 123, None]
-    steps = [0, 4, 2, 9]
-    expect = [sample(lgs[i], ps[i], steps[i], seeds[i]) for i in range(4)]
-    assert sample_batch(lgs, ps, steps, seeds) == expect

@@ -9,11 +9,11 @@ import pytest
 
 from libs.engine.engine import Engine
 from libs.engine.generate import generate
+from libs.engine.hf_reference import hf_greedy
 from libs.engine.kvpool import KvPool
 from libs.engine.sampling import SamplingParams
 from pdmesh.client import Done, GenerateClient
 from pdmesh.localmesh import wait_quiet
-from tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.slow
 

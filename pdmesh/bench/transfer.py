@@ -7,7 +7,8 @@ descriptor per page), timing N repetitions, and times ``copy_`` of the same byte
 the same run. The target is NIXL >= 70% of memcpy.
 
 UCX reads its environment at agent creation, so set ``UCX_TLS`` and friends before running
-(both processes inherit it), e.g. ``UCX_TLS=cma,self python bench/transfer_bench.py``.
+(both processes inherit it), e.g. ``UCX_TLS=cma,self python -m pdmesh.bench.transfer``.
+``pdmesh bench`` runs this module too, once per memcpy variant.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import json
 import multiprocessing as mp
 import os
 import statistics
-import sys
 import time
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -28,8 +28,6 @@ LAYERS, KV, HEADS, HEAD_DIM, PAGE_TOKENS = 30, 2, 3, 64, 16
 PAGE_SHAPE = (LAYERS, KV, HEADS, PAGE_TOKENS, HEAD_DIM)
 PAGE_BYTES = LAYERS * KV * HEADS * PAGE_TOKENS * HEAD_DIM * 4
 MB = 1 << 20
-# Run as a script from anywhere: make the repository's ``libs`` importable (children inherit).
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def _pool(num_pages: int, fill: float | None) -> torch.Tensor:
@@ -101,15 +99,16 @@ def time_memcpy(pool: torch.Tensor, n: int, reps: int) -> float:
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m pdmesh.bench.transfer",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--out", default="bench-results/transfer.json")
     parser.add_argument("--progress-thread", action="store_true",
                         help="enable NIXL's progress thread (busy-polls one core)")
     parser.add_argument("--ucx-param", action="append", default=[], metavar="KEY=VALUE",
                         help="UCX backend init param, e.g. ucx_error_handling_mode=none")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from libs.transfer import KvAgent, PoolLayout
 
     cases = {"1k-token prompt": 64, "4k-token prompt": 256, "64 MB": -(-64 * MB // PAGE_BYTES)}

@@ -1,9 +1,10 @@
-"""pdmesh vs transformers ``generate``, side by side in one run on one (CPU) machine.
+"""The mesh against transformers ``generate``, side by side in one run on one machine.
 
-    python bench/mesh_bench.py [--tokens 64] [--streams 16] [--reps 2] [--out FILE.json]
-    pdmesh bench ...           (the same flags; --help lists them)
+    pdmesh bench [--tokens 64] [--streams 16] [--reps 2] [--out FILE.json]
+    python -m pdmesh.bench.mesh ...     (the same flags; --help lists them)
 
-Measures, for SmolLM2-135M in fp32, one side after the other (never concurrently):
+Measures, for SmolLM2-135M (fp32 unless --dtype/--hf-dtype say otherwise), one side after
+the other (never concurrently):
 
 * single-stream decode tokens/s: (n - 1) / (t_last_token - t_first_token) of one greedy stream
   of ``--tokens`` new tokens (EOS ignored). transformers is timed by a streamer that stamps
@@ -14,7 +15,7 @@ Measures, for SmolLM2-135M in fp32, one side after the other (never concurrently
 * time to first token for a ~1k-token prompt: transformers ``generate(max_new_tokens=1)``
   wall time; the mesh: request sent to first piece received (router, prefill, KV transfer).
 * KV transfer GB/s (NIXL WRITE between two processes) vs ``copy_`` of the same bytes, by
-  running bench/transfer_bench.py.
+  running ``python -m pdmesh.bench.transfer``.
 
 Targets: mesh >= 1.0x transformers single-stream, >= 1.5x at 16 streams; transfer >= 70% of
 memcpy. The best of ``--reps`` repetitions is reported (rates: max, latencies: min); every raw
@@ -23,67 +24,28 @@ figure is in the JSON.
 
 from __future__ import annotations
 
+import argparse
+import gc
+import json
 import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
 
-# Before torch is imported: OpenMP's busy-wait makes side-by-side processes 10-30x slower.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import anyio
+import torch
 
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from datetime import UTC, datetime  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-import anyio  # noqa: E402
-import torch  # noqa: E402
-
-from pdmesh.bench import add_arguments  # noqa: E402
-
-QUESTIONS = [
-    "What is the capital of France?", "Write a haiku about the ocean.",
-    "Explain why the sky is blue.", "Give me three tips for learning to cook.",
-    "What is a prime number?", "Summarise the plot of Hamlet in one paragraph.",
-    "How do vaccines work?", "Describe a cat to someone who has never seen one.",
-]
-SUBJECTS = ["river", "engineer", "library", "mountain", "garden", "market", "teacher", "harbour"]
-VERBS = ["noticed", "described", "measured", "repaired", "painted", "visited", "counted"]
-OBJECTS = ["an old bridge", "seven lanterns", "the north wall", "a quiet road", "the clocks"]
+from pdmesh.bench import add_arguments
+from pdmesh.bench.prompts import chat, long_prompt
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def chat(i: int) -> list[dict[str, str]]:
-    return [{"role": "user", "content": f"{QUESTIONS[i % len(QUESTIONS)]} (#{i})"}]
-
-
-def long_prompt(tok, target: int, salt: int) -> tuple[str, int]:
-    """A raw prompt of at most ``target`` tokens (as close as whole sentences allow)."""
-    head = f"Field notes, volume {salt}.\n"
-    tail = "\nSummarise the notes above in one sentence."
-    sentences: list[str] = []
-    i = 0
-    while True:
-        s = (f"Note {i}: the {SUBJECTS[(i + salt) % 8]} {VERBS[i % 7]} "
-             f"{OBJECTS[(3 * i + salt) % 5]} near marker {17 * i + salt}. ")
-        n = len(tok.encode(head + "".join(sentences) + s + tail))
-        if n > target:
-            break
-        sentences.append(s)
-        i += 1
-    text = head + "".join(sentences) + tail
-    return text, len(tok.encode(text))
 
 
 def cpu_model() -> str:
@@ -147,8 +109,7 @@ def hf_generate(model, prompts: list[list[int]], n: int, pad: int) -> dict:
 
 
 def run_hf(args, tok) -> dict:
-    sys.path.insert(0, str(ROOT))
-    from tests.hf_reference import load_hf_reference
+    from libs.engine.hf_reference import load_hf_reference
 
     t0 = time.perf_counter()
     model = load_hf_reference().to(getattr(torch, args.hf_dtype))
@@ -359,18 +320,18 @@ def _transfer_once(reps: int, env: dict[str, str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "transfer.json"
         proc = subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "transfer_bench.py"), "--reps", str(reps),
+            [sys.executable, "-m", "pdmesh.bench.transfer", "--reps", str(reps),
              "--out", str(path)],
-            capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, **env},
+            capture_output=True, text=True, timeout=300, env={**os.environ, **env},
         )
         if proc.returncode != 0:
             tail = proc.stdout[-2000:] + proc.stderr[-2000:]
-            raise RuntimeError(f"transfer_bench failed:\n{tail}")
+            raise RuntimeError(f"the transfer bench failed:\n{tail}")
         return json.loads(path.read_text())
 
 
 def run_transfer(reps: int, runs: int) -> dict:
-    """bench/transfer_bench.py ``runs`` times per memcpy variant; rows keep the best GB/s."""
+    """The transfer bench ``runs`` times per memcpy variant; rows keep the best GB/s."""
     raw: dict[str, list[dict]] = {v: [] for v in TRANSFER_VARIANTS}
     for i in range(runs):
         for variant, env in TRANSFER_VARIANTS.items():
@@ -547,9 +508,13 @@ def print_breakdown(args, hf: dict | None, mesh: dict | None, engine: dict | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pdmesh.bench.mesh")
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    return bench(parser.parse_args(argv))
+
+
+def bench(args: argparse.Namespace) -> int:
+    """Run the benchmark ``args`` (the flags of ``add_arguments``) ask for."""
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -563,9 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     text, n_long = long_prompt(tok, args.prompt_tokens, 0)
     result: dict = {
         "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
-        "command": [sys.executable, *sys.argv], "argv": sys.argv[1:] if argv is None else argv,
+        "command": [sys.executable, *sys.argv], "argv": sys.argv[1:],
         "settings": {
-            "model": args.model, "dtype": "float32", "tokens_per_stream": args.tokens,
+            "model": args.model, "dtype": args.dtype, "hf_dtype": args.hf_dtype,
+            "tokens_per_stream": args.tokens,
             "streams": args.streams, "reps": args.reps, "long_prompt_tokens": n_long,
             "chat_prompts": [chat(i)[0]["content"] for i in range(args.streams)],
             "chat_prompt_tokens": [len(tok.apply_chat_template(chat(i)))

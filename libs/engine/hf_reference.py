@@ -1,6 +1,8 @@
 """The independent reference: transformers' own Llama, loaded by transformers' own GGUF reader.
 
-A wrong un-permute or a wrong norm on our side makes our tokens differ from these.
+The engine's tests compare their tokens with this model's (a wrong un-permute or a wrong norm
+in the loader or the engine makes them differ), and the benchmarks time it as the baseline.
+It lives beside the loader because it reads the same checkpoint the same loader finds.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""Decode throughput of this engine vs transformers' generate on the same model and machine.
+"""Decode throughput of the engine alone (no services) vs transformers' generate, on one device.
 
-    python -m libs.engine.bench_engine [--model smollm2] [--weights native|nvfp4] [--tokens 64]
-                                       [--streams 16] [--json f]
+    python -m pdmesh.bench.engine [--model smollm2] [--device cpu|cuda] [--weights native|nvfp4]
+                                  [--tokens 64] [--streams 16] [--json FILE]
 
-Both sides generate exactly ``tokens`` new tokens per stream (EOS ignored) from chat prompts;
-tok/s = new tokens / wall time including prefill, so the two numbers are comparable.
-
-On a small shared box launch with ``OMP_WAIT_POLICY=PASSIVE`` (it must be set before torch is
-imported): with more runnable threads than cores, OpenMP's default spin-waiting makes every op
-wait out other processes' time slices and small-op workloads like decode slow down 10-30x.
+Both sides generate exactly ``tokens`` new tokens per stream (EOS ignored) from the same chat
+prompts as ``pdmesh bench``; tok/s = new tokens / wall time including prefill, so the two
+numbers are comparable. Runs are alternated (ours, transformers) and the best is kept.
 """
 
 from __future__ import annotations
@@ -18,28 +15,20 @@ import json
 import logging
 import platform
 import time
+from pathlib import Path
 
 import torch
 
-from .engine import DecodeSeq, Engine, PrefillSeq
-from .kvpool import KvPool
-from .loader import load_model, smollm2_gguf_path
-
-QUESTIONS = [
-    "What is the capital of France?", "Write a haiku about the ocean.",
-    "Explain why the sky is blue.", "Give me three tips for learning to cook.",
-    "What is a prime number?", "Summarise the plot of Hamlet in one paragraph.",
-    "How do vaccines work?", "Describe a cat to someone who has never seen one.",
-]
+from libs.engine.engine import DecodeSeq, Engine, PrefillSeq
+from libs.engine.kvpool import KvPool
+from libs.engine.loader import load_model
+from pdmesh.bench.prompts import chat
 
 
 def _prompts(tok, n: int) -> list[list[int]]:
     if tok is None:  # random weights without a tokenizer: synthetic prompts of similar lengths
         return [list(range(100 + i, 130 + 2 * i)) for i in range(n)]
-    return [
-        tok.apply_chat_template([{"role": "user", "content": f"{QUESTIONS[i % 8]} (#{i})"}])
-        for i in range(n)
-    ]
+    return [tok.apply_chat_template(chat(i)) for i in range(n)]
 
 
 def bench_ours(m, prompts: list[list[int]], tokens: int, device: str) -> float:
@@ -79,25 +68,14 @@ def bench_hf(model, tok, prompts: list[list[int]], tokens: int, device: str) -> 
     return len(prompts) * tokens / (time.perf_counter() - t0)
 
 
-def load_hf(device: str, dtype: torch.dtype):
-    from transformers import AutoConfig, LlamaForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    path = smollm2_gguf_path()
-    cfg = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    model = LlamaForCausalLM(cfg)
-    model.load_state_dict(load_gguf_checkpoint(str(path), True, model)["tensors"], strict=False)
-    model.tie_weights()
-    return model.to(device, dtype).eval()
-
-
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m pdmesh.bench.engine",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -108,8 +86,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="alternating runs; best is kept")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
-    ap.add_argument("--json", default="bench_engine.json")
-    args = ap.parse_args()
+    ap.add_argument("--json", default="bench-results/engine.json", help="JSON output path")
+    args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -117,7 +95,9 @@ def main() -> None:
     prompts = _prompts(m.tokenizer, args.streams)
     hf = None
     if not args.no_hf and args.model == "smollm2":
-        hf = load_hf(args.device, m.weights.dtype)
+        from libs.engine.hf_reference import load_hf_reference
+
+        hf = load_hf_reference().to(args.device, m.weights.dtype)
         bench_hf(hf, m.tokenizer, prompts[:2], 4, args.device)  # warm-up
     bench_ours(m, prompts[:2], 4, args.device)  # warm-up
     res: dict = {
@@ -141,8 +121,9 @@ def main() -> None:
     res["all_runs"] = runs
     for k, v in res.items():
         print(f"{k:>24}: {v:.1f}" if isinstance(v, float) else f"{k:>24}: {v}")
-    with open(args.json, "w") as f:
-        json.dump(res, f, indent=2)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
 
 
 if __name__ == "__main__":

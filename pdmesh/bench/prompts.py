@@ -1,0 +1,39 @@
+"""The benchmarks' prompts: short chat questions and one long prompt of a chosen length.
+
+Every side of a comparison gets the same prompts from here, so their token counts match.
+"""
+
+from __future__ import annotations
+
+QUESTIONS = [
+    "What is the capital of France?", "Write a haiku about the ocean.",
+    "Explain why the sky is blue.", "Give me three tips for learning to cook.",
+    "What is a prime number?", "Summarise the plot of Hamlet in one paragraph.",
+    "How do vaccines work?", "Describe a cat to someone who has never seen one.",
+]
+SUBJECTS = ["river", "engineer", "library", "mountain", "garden", "market", "teacher", "harbour"]
+VERBS = ["noticed", "described", "measured", "repaired", "painted", "visited", "counted"]
+OBJECTS = ["an old bridge", "seven lanterns", "the north wall", "a quiet road", "the clocks"]
+
+
+def chat(i: int) -> list[dict[str, str]]:
+    """Chat ``i``: one user question, numbered so that no two streams share a prompt."""
+    return [{"role": "user", "content": f"{QUESTIONS[i % len(QUESTIONS)]} (#{i})"}]
+
+
+def long_prompt(tok, target: int, salt: int) -> tuple[str, int]:
+    """A raw prompt of at most ``target`` tokens (as close as whole sentences allow)."""
+    head = f"Field notes, volume {salt}.\n"
+    tail = "\nSummarise the notes above in one sentence."
+    sentences: list[str] = []
+    i = 0
+    while True:
+        s = (f"Note {i}: the {SUBJECTS[(i + salt) % 8]} {VERBS[i % 7]} "
+             f"{OBJECTS[(3 * i + salt) % 5]} near marker {17 * i + salt}. ")
+        n = len(tok.encode(head + "".join(sentences) + s + tail))
+        if n > target:
+            break
+        sentences.append(s)
+        i += 1
+    text = head + "".join(sentences) + tail
+    return text, len(tok.encode(text))
