@@ -24,7 +24,7 @@ pdmesh: a prefill/decode-disaggregated LLM serving mesh.
   pdmesh debug dump MEMBER   every thread's and asyncio task's stack of a live service
   pdmesh generate PROMPT     stream a completion through the router's gRPC API
   pdmesh storm               abort|agentic|cascade|restart storms: timeline and verdict
-  pdmesh bench               latency and throughput against a running mesh
+  pdmesh bench               the mesh against transformers (starts its own mesh)
   pdmesh traces [ID]         recent requests (--aborted, --reason, --since, --slowest) or
                              one request's span tree, from `pdmesh up --trace-store`
 """

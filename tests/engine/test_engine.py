@@ -170,7 +170,7 @@ def test_tiny_end_to_end_is_fast():
     elapsed = []
     threads = torch.get_num_threads()
     # One thread and best of 3: on a shared, oversubscribed CI box OpenMP's spin-waiting can
-    # slow a model this small by 30x (see OMP_WAIT_POLICY in bench_engine.py).
+    # slow a model this small by 30x (see OMP_WAIT_POLICY in pdmesh/cli.py).
     torch.set_num_threads(1)
     try:
         for _ in range(3):
