@@ -360,6 +360,7 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
     # ---- aborts and peers --------------------------------------------------------
 
     def find(self, key: RoomKey) -> Slot | None:
+        """A live request's slot, or a released one whose pages are quarantined."""
         return self.requests.get(key) or self.quarantine.get(key)
 
     async def _stop(self, slot: Slot, reason: FailureCause, abort: cpb.Abort) -> None:

@@ -224,7 +224,7 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
     async def _stage(self, job: Job, pages: range, last_page_tokens: int | None) -> None:
         """nvfp4: quantize these KV pages into their staging slots, off the event loop.
 
-        Not abandoned on cancel: the thread finishes before the caller's finally can free
+        Not abandoned on cancel: the thread finishes before the request's release can free
         the pages it reads. ``last_page_tokens`` counts the prompt's tokens in the last page
         of ``pages`` when that page is the prompt's last (its tail is zeroed on the wire).
         """
