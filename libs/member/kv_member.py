@@ -29,6 +29,7 @@ from libs.engine.kvpool import KvPool
 from libs.engine.loader import LoadedModel, load_model
 from libs.faults import Faults
 from libs.member.pairable import layout_mismatch
+from libs.member.timeouts import TIMEOUTS
 from libs.transfer.agent import KvAgent
 from libs.transfer.layout import PoolLayout
 from libs.transfer.staging import KvWire
@@ -78,7 +79,7 @@ class KvMember:
     # Signs this decode's TransferInfo grants; a new key per process (libs/member/grant.py).
     grant_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
     faults: Faults = field(default_factory=Faults)  # off unless named (libs/faults)
-    pinned_after: float = 30.0  # seconds a live room may go without progress (status)
+    pinned_after: float = TIMEOUTS.pinned_after  # seconds a live room may idle (status)
     stall_after: float | None = None  # seconds of busy without progress: unhealthy
 
     @classmethod

@@ -1,4 +1,4 @@
-"""Prometheus metrics of a prefill or decode (contract.md, Metrics).
+"""Prometheus metrics of a prefill or decode.
 
 Gauges and counters are read from the member's live Stats at scrape time, so they are
 the numbers `pdmesh status` shows; the transfer histograms are observed by the prefill

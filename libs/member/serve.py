@@ -5,20 +5,23 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import anyio
+from google.protobuf.descriptor import ServiceDescriptor
 
 from libs import faults
 from libs.member.formats import FORMATS
+from libs.member.timeouts import TIMEOUTS
 from libs.rpc.http import asgi_server, listen, serve_http
 from libs.rpc.membership import Membership
 from libs.rpc.server import start_server
+from pdmesh.v1 import common_pb2 as cpb
 
 if TYPE_CHECKING:
-    from libs.member.kv_member import KvMember
+    from libs.member.service import MemberConfig, MemberService
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,7 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str, pages: int)
     parser.add_argument(
         "--kv-pages", type=int, default=pages, help=f"KV pool size in pages (default {pages})"
     )
+    parser.add_argument("--max-rooms", type=int, default=256, help="bound on concurrent rooms")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     parser.add_argument(
         "--kv-transfer", default="native", choices=FORMATS,
@@ -65,13 +69,15 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str, pages: int)
         help="Prometheus /metrics HTTP port (default: a free one, published in the registry)",
     )
     parser.add_argument(
-        "--pinned-after", type=float, default=30.0, metavar="S",
-        help="report a live room as pinned after S seconds without progress (default 30)",
+        "--pinned-after", type=float, default=TIMEOUTS.pinned_after, metavar="S",
+        help="report a live room as pinned after S seconds without progress "
+        f"(default {TIMEOUTS.pinned_after:g})",
     )
     parser.add_argument(
         "--stall-after", type=float, default=None, metavar="S",
         help="turn health NOT_SERVING when work waits but nothing progressed for S seconds "
-        "(default: prefill 60, decode 30)",
+        f"(default: prefill {TIMEOUTS.prefill_stall_seconds:g}, "
+        f"decode {TIMEOUTS.decode_stall_seconds:g})",
     )
     parser.add_argument(
         "--faults", default=os.environ.get(faults.ENV, ""), metavar="SPEC",
@@ -82,18 +88,18 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str, pages: int)
 
 async def serve_member(
     args: argparse.Namespace,
-    role: int,
-    role_name: str,
-    make_service: Callable[[KvMember, Callable[[], int]], object],
-    services: Callable[[object], list],
-    run_extra: Callable[[object], Callable] | None = None,
+    service_class: type[MemberService],
+    config: MemberConfig,
+    descriptor: ServiceDescriptor,
 ) -> None:
-    """Load the model (off the loop), start the server, register, and serve until cancelled."""
+    """Load the model (off the loop), start the server (the role's gRPC service, described
+    by ``descriptor``, and Admin), register, and serve until cancelled."""
     # torch and NIXL load here, not at import: `pdmesh` builds every role's parser in every
     # process (bootstrap, router and supervisor included), which must not pay for them
     from libs.member.kv_member import KvMember
     from libs.transfer.kvwire import UnsupportedKvShape
 
+    role, role_name = service_class.role, service_class.role_name
     name = args.name or f"{role_name}-{os.getpid()}"
     try:
         injected = faults.Faults.parse(args.faults, name)
@@ -115,8 +121,12 @@ async def serve_member(
         log.warning("FAULT INJECTION ACTIVE on %s: %s", name, injected)
         member.faults = injected
     membership_ref: list[Membership] = []
-    service = make_service(member, lambda: membership_ref[0].epoch if membership_ref else 0)
-    running = await start_server(args.host, args.port, services(service))
+    service = service_class(
+        member, config, lambda: membership_ref[0].epoch if membership_ref else 0
+    )
+    running = await start_server(args.host, args.port, [
+        (descriptor, service), (cpb.DESCRIPTOR.services_by_name["Admin"], service),
+    ])
     address = f"{args.host}:{running.port}"
     metrics_sock = listen(args.host, args.metrics_port)
     metrics_address = f"{args.host}:{metrics_sock.getsockname()[1]}"
@@ -135,8 +145,7 @@ async def serve_member(
             tg.start_soon(_report_health, running, service, member.name)
             tg.start_soon(serve_http, asgi_server(service.metrics.app(), args.host, 0), 2.0,
                           metrics_sock)
-            if run_extra is not None:
-                tg.start_soon(run_extra(service))
+            tg.start_soon(service.run)
 
 
 @asynccontextmanager

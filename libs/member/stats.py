@@ -10,12 +10,8 @@ from dataclasses import dataclass, field
 
 from libs.engine.kvpool import KvPool
 from libs.kvpoll import FailureCause, RoomKey, RoomTable
+from libs.member.timeouts import TIMEOUTS
 from pdmesh.v1 import common_pb2 as cpb
-
-# Seconds without a state change before a live room counts as pinned: long enough that a
-# request queued behind a busy member is not flagged (vLLM's KV lease is 30 s), far below
-# the field report's 16 minutes.
-PINNED_AFTER = 30.0
 
 
 @dataclass
@@ -35,7 +31,7 @@ class Counters:
 
     def stats(self, role: int, name: str, epoch: int, healthy: bool, table: RoomTable,
               pool: KvPool, peer_of: Callable[[RoomKey], str] = lambda key: "",
-              pinned_after: float = PINNED_AFTER, requests: int | None = None
+              pinned_after: float = TIMEOUTS.pinned_after, requests: int | None = None
               ) -> cpb.MemberStats:
         """`requests`: the member's requests not yet released (a decoding sequence
         is in flight although its room already succeeded); default the live rooms."""

@@ -11,7 +11,6 @@ no step can touch its pages any more, so they may be freed.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 
 import anyio
@@ -20,10 +19,10 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from libs.engine.engine import DecodeSeq, Engine
 from libs.engine.sampling import SamplingParams, sample
 from libs.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from libs.member.loop import ComputeLoop
+from libs.member.timeouts import TIMEOUTS
 
 log = logging.getLogger(__name__)
-
-STALL_SECONDS = 30.0  # health turns red when queued work has seen no step for this long
 
 
 @dataclass
@@ -64,16 +63,16 @@ class Sequence:
         return Emitted([token], text)
 
 
-class Batcher:
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, max_batch: int = 64):
+class Batcher(ComputeLoop):
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, max_batch: int = 64,
+                 stall_after: float = TIMEOUTS.decode_stall_seconds):
+        super().__init__(stall_after)
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_batch = max_batch
         self.running: list[Sequence] = []
         self.waiting: list[Sequence] = []
-        self._wake = anyio.Event()
         self.steps = 0
-        self.last_progress = time.monotonic()
 
     def admit(self, pages, prompt_len: int, first_token: int, params: SamplingParams) -> Sequence:
         send, receive = anyio.create_memory_object_stream[Emitted](params.max_tokens + 2)
@@ -93,7 +92,7 @@ class Batcher:
             self._finish(seq)
         else:
             self.waiting.append(seq)
-            self._wake.set()
+            self.wake()
         return seq
 
     def cancel(self, seq: Sequence) -> None:
@@ -109,25 +108,13 @@ class Batcher:
 
     _stepping = False
 
-    stall_after = STALL_SECONDS
-
-    def stalled(self, after: float | None = None) -> bool:
-        """Work is waiting but no step has finished for `after` seconds (default the
-        batcher's stall_after): a wedged loop."""
-        after = self.stall_after if after is None else after
-        return self.active > 0 and time.monotonic() - self.last_progress > after
-
-    @property
-    def active(self) -> int:
-        return len(self.running) + len(self.waiting)
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting)
 
     async def run(self) -> None:
         """Run forever: the one owner of the batch."""
         while True:
-            while not self.running and not self.waiting:
-                self._wake = anyio.Event()
-                await self._wake.wait()
-                self.last_progress = time.monotonic()
+            await self.until_busy()
             room = self.max_batch - len(self.running)
             self.running.extend(self.waiting[:room])
             del self.waiting[:room]
@@ -151,7 +138,7 @@ class Batcher:
         finally:
             self._stepping = False
         self.steps += 1
-        self.last_progress = time.monotonic()
+        self.progressed()
         for seq, row in zip(list(self.running), logits, strict=True):
             if seq.cancelled:
                 self.running.remove(seq)

@@ -5,28 +5,17 @@ from __future__ import annotations
 import argparse
 
 from libs.member.serve import add_member_arguments, serve_member
-from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import decode_pb2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_member_arguments(parser, "decode", pages=2048)
     parser.add_argument("--max-batch", type=int, default=64, help="sequences per decode step")
-    parser.add_argument("--max-rooms", type=int, default=256, help="bound on concurrent rooms")
 
 
 async def serve(args: argparse.Namespace) -> None:
     from services.decode.service import DecodeConfig, DecodeService  # torch: see serve_member
 
     config = DecodeConfig(max_rooms=args.max_rooms, max_batch=args.max_batch)
-    await serve_member(
-        args,
-        cpb.DECODE,
-        "decode",
-        lambda member, epoch: DecodeService(member, config, epoch),
-        lambda svc: [
-            (decode_pb2.DESCRIPTOR.services_by_name["Decode"], svc),
-            (cpb.DESCRIPTOR.services_by_name["Admin"], svc),
-        ],
-        run_extra=lambda svc: svc.run,
-    )
+    await serve_member(args, DecodeService, config,
+                       decode_pb2.DESCRIPTOR.services_by_name["Decode"])

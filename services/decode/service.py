@@ -21,32 +21,26 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 import grpc
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Status, StatusCode
 
 from libs.engine.sampling import SamplingParams
-from libs.kvpoll import FailureCause, Room, RoomKey, RoomState, RoomTable
+from libs.kvpoll import FailureCause, RoomKey, RoomState
 from libs.member import grant
 from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember
-from libs.member.metrics import MemberMetrics
-from libs.member.stats import Counters, RecentKeys
-from libs.member.wire import (
-    check_abort_ends,
-    key_from_proto,
-    key_to_proto,
-    sampling_from_proto,
-)
+from libs.member.lifecycle import Request
+from libs.member.service import MemberConfig, MemberService
+from libs.member.timeouts import TIMEOUTS
+from libs.member.wire import key_from_proto, key_to_proto, sampling_from_proto
 from libs.rpc.calls import close_channel, open_channel, unary
-from libs.rpc.dump import dump
 from libs.rpc.handlers import RpcError, contained, invalid
-from libs.tracing import incoming_context, mark_aborted, span
+from libs.tracing import span
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
-from pdmesh.v1 import common_pb2_grpc as cgrpc
 from pdmesh.v1 import decode_pb2 as dpb
 from pdmesh.v1 import decode_pb2_grpc as dgrpc
 from pdmesh.v1 import prefill_pb2_grpc as pgrpc
@@ -54,59 +48,48 @@ from services.decode.batcher import Batcher, Sequence
 
 log = logging.getLogger(__name__)
 
-ABORT_WAIT_SECONDS = 5.0
-FENCE_ATTEMPTS = 5
-KV_WAIT_MARGIN = 0.5  # seconds of a request's budget kept for generating after the KV
 
+@dataclass(eq=False, kw_only=True)
+class Slot(Request):
+    """One admitted request on this decode: besides its room and pages, its writer, the
+    KvReady that says its prompt's KV landed, and its sequence once decoding."""
 
-@dataclass
-class Slot:
-    """One admitted request on this decode."""
-
-    key: RoomKey
-    room: Room
-    pages: list[int]
     prompt_pages: int
     writer: cpb.PeerRef
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     ready: cpb.KvReady | None = None
-    abort_reason: FailureCause | None = None
-    released: anyio.Event = field(default_factory=anyio.Event)
-    stage: str = "queued"  # for traces: queued | transfer | decode
-    abort_stage: str = ""  # the request's stage as the Abort's sender saw it
+    seq: Sequence | None = None
     writer_fenced: bool = False  # an Abort said the writer released: no write can land
 
+    @property
+    def peer_ref(self) -> cpb.PeerRef:
+        return self.writer
 
-@dataclass
-class DecodeConfig:
-    max_rooms: int = 256
+
+@dataclass(kw_only=True)
+class DecodeConfig(MemberConfig):
     max_batch: int = 64
-    default_budget: float = 300.0
     notif_poll_min: float = 0.0005
     notif_poll_max: float = 0.008
 
 
-class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
+class DecodeService(MemberService, dgrpc.DecodeServicer):
+    role, role_name = cpb.DECODE, "decode"
+    release_seconds = TIMEOUTS.decode_release_seconds
+
     def __init__(self, member: KvMember, config: DecodeConfig, epoch=lambda: 0):
-        self.member = member
-        self.config = config
-        self.epoch = epoch
-        self.table = RoomTable(config.max_rooms)
-        self.slots: dict[RoomKey, Slot] = {}
+        self.batcher = Batcher(
+            member.engine, member.loaded.tokenizer, config.max_batch,
+            stall_after=TIMEOUTS.decode_stall_seconds if member.stall_after is None
+            else member.stall_after,
+        )
+        super().__init__(member, config, epoch, self.batcher)
         self.quarantine: dict[RoomKey, Slot] = {}
-        self.ended = RecentKeys()  # aborted or served: a replay or late leg is refused
-        self.counters = Counters()
-        self.batcher = Batcher(member.engine, member.loaded.tokenizer, config.max_batch)
-        if member.stall_after is not None:
-            self.batcher.stall_after = member.stall_after
         self.unknown_notifs = 0
         self._kv_expected = anyio.Event()
         # Quarantined rooms whose writer we still have to ask; bounded by max_rooms.
         self._to_fence, self._fence_queue = anyio.create_memory_object_stream[Slot](
             config.max_rooms
         )
-        member.on_peer_lost.append(self.on_peer_lost)
-        self.metrics = MemberMetrics("decode", member.name, self.snapshot)
 
     async def run(self) -> None:
         """The service's own tasks: the batch loop and the notification poller."""
@@ -137,9 +120,8 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             )
         # The KV must land with time left to generate: the wait for it ends a little
         # before the call's own deadline, and fails typed, on our terms.
-        wait_budget = budget - min(KV_WAIT_MARGIN, budget / 4)
         room, pages = admit_room(
-            self.table, pool, self.ended, key, pool.pages_for(total), wait_budget
+            self.table, pool, self.ended, key, pool.pages_for(total), TIMEOUTS.kv_wait(budget)
         )
         slot = Slot(
             key=key,
@@ -148,7 +130,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             prompt_pages=pool.pages_for(request.prompt_tokens),
             writer=request.prefill,
         )
-        self.slots[key] = slot
+        self.requests[key] = slot
         self._kv_expected.set()
         return slot, params
 
@@ -156,86 +138,62 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
 
     @contained
     async def Generate(self, request, context):
-        attributes = {"pdmesh.request.id": request.key.room.hex(),
-                      "pdmesh.prompt_tokens": request.prompt_tokens}
-        with span("decode", context=incoming_context(context), kind=SpanKind.SERVER,
-                  attributes=attributes) as server_span:
+        with self.request_span(context, request.key, request.prompt_tokens) as server_span:
             await self._generate(request, context, server_span)
 
     async def _generate(self, request, context, server_span) -> None:
-        self.counters.requests_total += 1
-        budget = context.time_remaining() or self.config.default_budget
+        budget = self.arrived(context)
         called = time.perf_counter()
         with span("admission") as admission:  # KV pages for the whole request, or refused
             slot, params = self._admit(request, budget)
             admission.set_attribute("pdmesh.kv.pages", len(slot.pages))
-        seq: Sequence | None = None
-        cause: FailureCause | None = None
         deadline = time.monotonic() + budget
-        try:
-            with slot.scope:
-                slot.room.transition(RoomState.WAITING_FOR_INPUT, time.monotonic())
-                info = cpb.TransferInfo(
-                    key=request.key,
-                    decode=cpb.PeerRef(name=self.member.name, epoch=self.epoch()),
-                    dst_pages=slot.pages[: slot.prompt_pages],
-                )
-                grant.sign(self.member.grant_key, info, slot.writer)
-                await context.write(dpb.DecodeEvent(transfer=info))
-                slot.stage = "transfer"
-                # The room's deadline is enforced by the notification poller, which
-                # drains KvReady first: a KV that landed in time is never failed late.
-                with span("kv wait", attributes={"pdmesh.kv.pages": len(info.dst_pages),
-                                                 "pdmesh.peer": slot.writer.name}) as wait_span:
-                    state = await slot.room.wait_terminal()
-                    if state is not RoomState.SUCCESS:  # failed by an Abort or its deadline
-                        why = slot.abort_reason or slot.room.failure_cause
-                        wait_span.set_status(Status(StatusCode.ERROR, f"room {state.name}: "
-                                                    f"{why.value if why else 'unknown'}"))
-                if state is RoomState.SUCCESS:
-                    slot.stage = "decode"
-                    ready = slot.ready
-                    arrived = dpb.KvArrived(prompt_tokens=ready.prompt_tokens)
-                    await context.write(dpb.DecodeEvent(kv_arrived=arrived))
-                    await self._unstage(slot)
-                    seq = self.batcher.admit(
-                        slot.pages, ready.prompt_tokens, ready.first_token, params
-                    )
-                    with anyio.fail_after(max(0.0, deadline - time.monotonic())), \
-                            span("generate") as generate_span:
-                        await self._stream(seq, context, called)
-                        generate_span.set_attribute("pdmesh.completion_tokens", seq.generated)
-            if slot.scope.cancelled_caught or slot.room.state is RoomState.FAILED:
-                cause = slot.abort_reason or slot.room.failure_cause or FailureCause.INTERNAL
+        async with self.lifecycle(slot, server_span, deadline) as life:
+            try:
+                with slot.scope:
+                    await self._run(slot, params, request, context, called, deadline)
+            except TimeoutError:
+                life.fail(FailureCause.DEADLINE)
+                raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "decode deadline") from None
+            if (cause := life.aborted()) is not None:
                 code = (
                     grpc.StatusCode.DEADLINE_EXCEEDED
                     if cause is FailureCause.DEADLINE
                     else grpc.StatusCode.ABORTED
                 )
                 raise RpcError(code, f"aborted: {cause}")
-        except TimeoutError:
-            cause = FailureCause.DEADLINE
-            raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "decode deadline") from None
-        except anyio.get_cancelled_exc_class():  # the caller left, or its deadline passed
-            cause = self.counters.cancelled(deadline)
-            raise
-        except BaseException:
-            cause = cause or FailureCause.INTERNAL
-            raise
-        finally:
-            if cause is not None:
-                slot.room.fail(cause, time.monotonic())
-                self.counters.aborts[cause.value] += 1  # once per request that ended early
-                mark_aborted(server_span, cause.value, slot.abort_stage or slot.stage)
-            with anyio.move_on_after(2.0, shield=True) as bounded:
-                await self._release(slot, seq)
-            if bounded.cancelled_caught:  # the batcher held the sequence past the bound
-                log.error("room %s: release cut short; %d pages and the room kept",
-                          slot.key, len(slot.pages))
-            server_span.add_event(
-                "quarantined" if slot.key in self.quarantine else "released",
-                {"pdmesh.kv.pages": len(slot.pages)},
-            )
+
+    async def _run(self, slot: Slot, params: SamplingParams, request, context,
+                   called: float, deadline: float) -> None:
+        """Offer the pages, wait for their KV, then stream the tokens until the Finish."""
+        slot.room.transition(RoomState.WAITING_FOR_INPUT, time.monotonic())
+        info = cpb.TransferInfo(key=request.key, decode=self.ref(),
+                                dst_pages=slot.pages[: slot.prompt_pages])
+        grant.sign(self.member.grant_key, info, slot.writer)
+        await context.write(dpb.DecodeEvent(transfer=info))
+        slot.stage = "transfer"
+        # The room's deadline is enforced by the notification poller, which
+        # drains KvReady first: a KV that landed in time is never failed late.
+        with span("kv wait", attributes={"pdmesh.kv.pages": len(info.dst_pages),
+                                         "pdmesh.peer": slot.writer.name}) as wait_span:
+            state = await slot.room.wait_terminal()
+            if state is not RoomState.SUCCESS:  # failed by an Abort or its deadline
+                why = slot.abort_reason or slot.room.failure_cause
+                wait_span.set_status(Status(StatusCode.ERROR, f"room {state.name}: "
+                                            f"{why.value if why else 'unknown'}"))
+                return
+        slot.stage = "decode"
+        ready = slot.ready
+        arrived = dpb.KvArrived(prompt_tokens=ready.prompt_tokens)
+        await context.write(dpb.DecodeEvent(kv_arrived=arrived))
+        await self._unstage(slot)
+        seq = slot.seq = self.batcher.admit(
+            slot.pages, ready.prompt_tokens, ready.first_token, params
+        )
+        with anyio.fail_after(max(0.0, deadline - time.monotonic())), \
+                span("generate") as generate_span:
+            await self._stream(seq, context, called)
+            generate_span.set_attribute("pdmesh.completion_tokens", seq.generated)
 
     async def _unstage(self, slot: Slot) -> None:
         """nvfp4: dequantize the landed slots into the room's KV pages, off the loop.
@@ -273,18 +231,24 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                     return
         raise RpcError(grpc.StatusCode.INTERNAL, "sequence ended without a finish")
 
-    async def _release(self, slot: Slot, seq: Sequence | None) -> None:
-        if seq is not None:
-            self.batcher.cancel(seq)
-            await seq.released.wait()
-        self.slots.pop(slot.key, None)
+    async def _release(self, slot: Slot) -> str:
+        """Take the sequence out of the batch, then free the pages, or quarantine them
+        while a write may still land in them."""
+        if slot.seq is not None:  # the batcher lets go of it within one step
+            self.batcher.cancel(slot.seq)
+            await slot.seq.released.wait()
+        self.requests.pop(slot.key, None)
         if slot.ready is None and not slot.writer_fenced:
             # KvReady never came: a write may still land in these pages.
             self.quarantine[slot.key] = slot
             log.info("room %s: %d pages quarantined until fenced", slot.key, len(slot.pages))
             self._to_fence.send_nowait(slot)
+            outcome = "quarantined"
         else:
             self._free(slot)
+            outcome = "released"
+        slot.released.set()
+        return outcome
 
     def _free(self, slot: Slot) -> None:
         self.member.pool.free(slot.pages)
@@ -292,7 +256,6 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
         if slot.key in self.table:
             self.table.remove(slot.key)
         self.ended.add(slot.key)
-        slot.released.set()
 
     # ---- KV arrival --------------------------------------------------------------
 
@@ -324,13 +287,12 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
     def _expire_rooms(self) -> None:
         for key in self.table.expire(time.monotonic()):
             self.counters.deadline_expired_total += 1
-            slot = self.slots.get(key)
+            slot = self.requests.get(key)
             if slot is not None:
-                slot.abort_reason = slot.abort_reason or FailureCause.DEADLINE
-                slot.scope.cancel()
+                slot.cancel(FailureCause.DEADLINE)
 
     def _awaiting_kv(self) -> bool:
-        return bool(self.quarantine) or any(s.ready is None for s in self.slots.values())
+        return bool(self.quarantine) or any(s.ready is None for s in self.requests.values())
 
     def _on_notification(self, payload: bytes) -> None:
         """KvReady: every page of a room landed. Contained: a bad message is dropped."""
@@ -341,7 +303,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
             self.unknown_notifs += 1
             log.warning("dropping an unparseable notification (%d bytes)", len(payload))
             return
-        slot = self.slots.get(key) or self.quarantine.get(key)
+        slot = self.find(key)
         if slot is None or ready.prefill != slot.writer or ready.num_pages != slot.prompt_pages:
             self.unknown_notifs += 1
             log.warning("dropping KvReady for %s: unknown room or wrong writer", key)
@@ -368,7 +330,7 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
 
     async def _ask_writer(self, slot: Slot) -> None:
         reason = (slot.abort_reason or slot.room.failure_cause or FailureCause.INTERNAL).value
-        for attempt in range(FENCE_ATTEMPTS):
+        for attempt in range(TIMEOUTS.fence_attempts):
             if slot.key not in self.quarantine:
                 return  # fenced meanwhile: KvReady, the router's Abort, or the writer left
             peer = self.member.peer(slot.writer)
@@ -381,9 +343,9 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                     pgrpc.PrefillStub(channel).Abort,
                     cpb.Abort(
                         key=key_to_proto(slot.key), reason=reason, prefill=slot.writer,
-                        decode=cpb.PeerRef(name=self.member.name, epoch=self.epoch()),
+                        decode=self.ref(),
                     ),
-                    timeout=ABORT_WAIT_SECONDS + 1,
+                    timeout=TIMEOUTS.writer_abort_seconds,
                 )
                 if ack.released and slot.key in self.quarantine:
                     self._free(slot)
@@ -392,78 +354,29 @@ class DecodeService(dgrpc.DecodeServicer, cgrpc.AdminServicer):
                 log.warning("room %s: Abort to writer failed: %s", slot.key, e.code().name)
             finally:
                 await close_channel(channel)
-            await anyio.sleep(0.2 * 2**attempt)
+            await anyio.sleep(TIMEOUTS.fence_backoff * 2**attempt)
         log.error("room %s: writer never acknowledged; pages stay quarantined", slot.key)
 
     # ---- aborts and peers --------------------------------------------------------
 
-    @contained
-    async def Abort(self, request, context):
-        key = key_from_proto(request.key)
-        try:
-            reason = FailureCause(request.reason)
-        except ValueError:
-            raise invalid(f"unknown abort reason {request.reason!r}") from None
-        slot = self.slots.get(key) or self.quarantine.get(key)
-        me = cpb.PeerRef(name=self.member.name, epoch=self.epoch())
-        check_abort_ends(request.decode, me, request.prefill,
-                         slot.writer if slot is not None else None)
-        self.ended.add(key)
-        if slot is None:
-            return cpb.AbortAck(key=request.key, known=False, released=True)
-        if slot.abort_reason is None:
-            slot.abort_reason = reason
-            slot.abort_stage = request.stage
+    def find(self, key: RoomKey) -> Slot | None:
+        """A live request's slot, or a released one whose pages are quarantined."""
+        return self.requests.get(key) or self.quarantine.get(key)
+
+    async def _stop(self, slot: Slot, reason: FailureCause, abort: cpb.Abort) -> None:
+        slot.cancel(reason, abort.stage)
         slot.room.fail(reason, time.monotonic())
-        slot.writer_fenced |= request.writer_fenced  # its release then frees, not quarantines
-        slot.scope.cancel()
-        if request.writer_fenced and key in self.quarantine:
+        slot.writer_fenced |= abort.writer_fenced  # its release then frees, not quarantines
+        if abort.writer_fenced and slot.key in self.quarantine:
             self._free(slot)
-        with anyio.move_on_after(ABORT_WAIT_SECONDS):
-            if request.writer_fenced:
-                await slot.released.wait()
-            else:
-                while key in self.slots:
-                    await anyio.sleep(0.001)
-        quarantined = key in self.quarantine
-        return cpb.AbortAck(
-            key=request.key,
-            known=True,
-            state=slot.room.state.proto,
-            released=slot.released.is_set() or quarantined,
-        )
 
     def on_peer_lost(self, member: bpb.Member, reason: str) -> None:
         """A prefill left: its rooms fail now, and its quarantined pages are fenced."""
         lost = cpb.PeerRef(name=member.name, epoch=member.epoch)
-        for slot in list(self.slots.values()):
+        for slot in list(self.requests.values()):
             if slot.writer == lost and slot.ready is None:
-                if slot.abort_reason is None:
-                    slot.abort_reason = FailureCause.PEER_LOST
+                slot.cancel(FailureCause.PEER_LOST)
                 slot.room.fail(FailureCause.PEER_LOST, time.monotonic())
-                slot.scope.cancel()
         for slot in list(self.quarantine.values()):
             if slot.writer == lost:
                 self._free(slot)
-
-    def healthy(self) -> bool:
-        return not self.batcher.stalled()
-
-    @contained
-    async def Stats(self, request, context):
-        return self.snapshot()
-
-    def snapshot(self) -> cpb.MemberStats:
-        return self.counters.stats(
-            cpb.DECODE, self.member.name, self.epoch(), self.healthy(), self.table,
-            self.member.pool, pinned_after=self.member.pinned_after, requests=len(self.slots),
-            peer_of=self._writer_name,
-        )
-
-    def _writer_name(self, key: RoomKey) -> str:
-        slot = self.slots.get(key) or self.quarantine.get(key)
-        return slot.writer.name if slot is not None else ""
-
-    @contained
-    async def Dump(self, request, context):
-        return dump(self.member.name)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from libs.member.serve import add_member_arguments, serve_member
-from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import prefill_pb2
 
 
@@ -21,7 +20,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "2 CPU cores 1.07-1.11x the prefill throughput of 1024, whose pack attention is "
         "quadratic, and an abort waits for less of a pass)",
     )
-    parser.add_argument("--max-rooms", type=int, default=256, help="bound on concurrent rooms")
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -32,14 +30,5 @@ async def serve(args: argparse.Namespace) -> None:
         max_batch_tokens=max(args.max_batch_tokens, args.chunk_tokens),
         max_rooms=args.max_rooms,
     )
-    await serve_member(
-        args,
-        cpb.PREFILL,
-        "prefill",
-        lambda member, epoch: PrefillService(member, config, epoch),
-        lambda svc: [
-            (prefill_pb2.DESCRIPTOR.services_by_name["Prefill"], svc),
-            (cpb.DESCRIPTOR.services_by_name["Admin"], svc),
-        ],
-        run_extra=lambda svc: svc.scheduler.run,
-    )
+    await serve_member(args, PrefillService, config,
+                       prefill_pb2.DESCRIPTOR.services_by_name["Prefill"])

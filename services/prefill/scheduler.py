@@ -23,11 +23,10 @@ import anyio
 import torch
 
 from libs.engine.engine import Engine, ForwardCancelled, PrefillSeq
+from libs.member.loop import ComputeLoop
+from libs.member.timeouts import TIMEOUTS
 
 log = logging.getLogger(__name__)
-
-STALL_SECONDS = 60.0  # health turns red when queued chunks saw no forward pass this long
-FINISH_SECONDS = 60.0  # bound on waiting for a started chunk after cancellation
 
 
 @dataclass(eq=False)
@@ -40,19 +39,17 @@ class Chunk:
     cancelled: bool = False  # its caller left; read by the compute thread between layers
 
 
-class PrefillScheduler:
+class PrefillScheduler(ComputeLoop):
     def __init__(self, engine: Engine, max_batch_tokens: int = 512,
-                 stall_after: float = STALL_SECONDS, stall_forward: float = 0.0):
+                 stall_after: float = TIMEOUTS.prefill_stall_seconds, stall_forward: float = 0.0):
+        super().__init__(stall_after)
         self.engine = engine
         self.max_batch_tokens = max_batch_tokens
-        self.stall_after = stall_after
         self.stall_forward = stall_forward  # fault injection: a wedged compute thread
         self.pending: list[Chunk] = []
         self.running: list[Chunk] = []
-        self._wake = anyio.Event()
         self.forwards = 0
         self.stopped_early = 0
-        self.last_progress = time.monotonic()
 
     async def prefill(
         self, tokens: list[int], pages: list[int], start: int,
@@ -65,7 +62,7 @@ class PrefillScheduler:
         """
         chunk = Chunk(PrefillSeq(tokens, pages, start))
         self.pending.append(chunk)
-        self._wake.set()
+        self.wake()
         try:
             if on_start is not None:
                 await chunk.started.wait()
@@ -76,7 +73,7 @@ class PrefillScheduler:
                 self.pending.remove(chunk)
             else:  # running: ask the pass to stop early (W1), then wait until it has
                 chunk.cancelled = True
-                with anyio.move_on_after(FINISH_SECONDS, shield=True):
+                with anyio.move_on_after(TIMEOUTS.finish_seconds, shield=True):
                     await chunk.done.wait()
             raise
         if chunk.error is not None:
@@ -86,10 +83,7 @@ class PrefillScheduler:
     async def run(self) -> None:
         """Run forever: the one owner of the prefill compute thread."""
         while True:
-            while not self.pending:
-                self._wake = anyio.Event()
-                await self._wake.wait()
-                self.last_progress = time.monotonic()
+            await self.until_busy()
             batch = self.running = self._take()
             for chunk in batch:
                 chunk.started.set()
@@ -111,7 +105,7 @@ class PrefillScheduler:
                     chunk.error = e
             finally:
                 self.forwards += 1
-                self.last_progress = time.monotonic()
+                self.progressed()
                 self.running = []
                 for chunk in batch:
                     chunk.done.set()
@@ -121,12 +115,8 @@ class PrefillScheduler:
             time.sleep(self.stall_forward)  # blocks the compute thread, as a wedge would
         return self.engine.prefill_batch(seqs, should_stop)
 
-    def stalled(self, after: float | None = None) -> bool:
-        """Chunks are queued or running but no forward pass has finished for `after`
-        seconds (default the scheduler's stall_after): a wedged loop or thread."""
-        after = self.stall_after if after is None else after
-        busy = bool(self.pending or self.running)
-        return busy and time.monotonic() - self.last_progress > after
+    def busy(self) -> bool:
+        return bool(self.pending or self.running)
 
     def _take(self) -> list[Chunk]:
         batch, total = [], 0

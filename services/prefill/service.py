@@ -6,8 +6,8 @@ TransferInfo creates nothing), create the room, allocate local pages, then per
 chunk run the forward pass on the compute thread and post a NIXL WRITE of the
 pages that chunk completed. The last write carries a KvReady notification, so
 the decode knows every page landed. Whatever ends the request (success, Abort,
-client gone, deadline, transfer error), the finally block fences in-flight
-writes before local pages go back to the pool.
+client gone, deadline, transfer error), its release fences in-flight writes
+before local pages go back to the pool.
 
 With ``--kv-transfer nvfp4`` a chunk's pages are first quantized (off the loop)
 into their staging slots, which is what the WRITE then reads; a slot has the id
@@ -22,89 +22,66 @@ from dataclasses import dataclass, field
 
 import anyio
 import grpc
-from opentelemetry.trace import SpanKind
 
 from libs.engine.sampling import sample
-from libs.kvpoll import (
-    FailureCause,
-    Room,
-    RoomKey,
-    RoomState,
-    RoomTable,
-)
+from libs.kvpoll import FailureCause, RoomState
 from libs.member import grant
 from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember, Peer
-from libs.member.metrics import MemberMetrics
-from libs.member.stats import Counters, RecentKeys
-from libs.member.wire import (
-    check_abort_ends,
-    check_tokens,
-    key_from_proto,
-    sampling_from_proto,
-)
-from libs.rpc.dump import dump
+from libs.member.lifecycle import Request
+from libs.member.service import MemberConfig, MemberService
+from libs.member.timeouts import TIMEOUTS
+from libs.member.wire import check_tokens, key_from_proto, sampling_from_proto
 from libs.rpc.handlers import RpcError, contained, invalid
-from libs.tracing import incoming_context, mark_aborted, span
+from libs.tracing import span
 from libs.transfer.errors import LayoutMismatch, TransferError
 from libs.transfer.layout import check_pages
 from libs.transfer.wait import wait
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
-from pdmesh.v1 import common_pb2_grpc as cgrpc
 from pdmesh.v1 import prefill_pb2 as ppb
 from pdmesh.v1 import prefill_pb2_grpc as pgrpc
-from services.prefill.scheduler import STALL_SECONDS, PrefillScheduler
+from services.prefill.scheduler import PrefillScheduler
 
 log = logging.getLogger(__name__)
 
-FENCE_SECONDS = 5.0
-ABORT_WAIT_SECONDS = 5.0
 
+@dataclass(eq=False, kw_only=True)
+class Job(Request):
+    """One admitted prefill: besides its room and pages, its decode and in-flight writes."""
 
-@dataclass
-class Job:
-    """One admitted prefill: its room, local pages, in-flight writes and cancel scope."""
-
-    key: RoomKey
-    room: Room
-    pages: list[int]
     peer: Peer
-    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     transfers: list = field(default_factory=list)
-    abort_reason: FailureCause | None = None
-    released: anyio.Event = field(default_factory=anyio.Event)
-    stage: str = "queued"  # for traces: queued | prefill | transfer
-    abort_stage: str = ""  # the request's stage as the Abort's sender saw it
+
+    @property
+    def peer_ref(self) -> cpb.PeerRef:
+        return self.peer.ref
 
 
-@dataclass
-class PrefillConfig:
+@dataclass(kw_only=True)
+class PrefillConfig(MemberConfig):
     chunk_tokens: int = 256
     max_batch_tokens: int = 512
-    max_rooms: int = 256
-    default_budget: float = 300.0
 
 
-class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
+class PrefillService(MemberService, pgrpc.PrefillServicer):
+    role, role_name = cpb.PREFILL, "prefill"
+    release_seconds = TIMEOUTS.prefill_release_seconds
+
     def __init__(self, member: KvMember, config: PrefillConfig, epoch=lambda: 0):
         if config.chunk_tokens % member.pool.page_size:
             raise ValueError("chunk_tokens must be a multiple of the page size")
-        self.member = member
-        self.config = config
-        self.epoch = epoch
-        self.table = RoomTable(config.max_rooms)
-        self.jobs: dict[RoomKey, Job] = {}
-        self.ended = RecentKeys()  # aborted or served: a replay or late leg is refused
         self.scheduler = PrefillScheduler(
             member.engine, config.max_batch_tokens,
-            stall_after=member.stall_after or STALL_SECONDS,
+            stall_after=member.stall_after or TIMEOUTS.prefill_stall_seconds,
             stall_forward=member.faults.stall_forward,
         )
-        self.counters = Counters()
-        member.on_peer_lost.append(self.on_peer_lost)
-        self.metrics = MemberMetrics("prefill", member.name, self.snapshot)
+        super().__init__(member, config, epoch, self.scheduler)
         self._failures_to_inject = member.faults.fail_prefills  # off unless injected
+
+    async def run(self) -> None:
+        """The service's own task: the prefill scheduler."""
+        await self.scheduler.run()
 
     # ---- admission ---------------------------------------------------------------
 
@@ -120,9 +97,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             raise RpcError(
                 grpc.StatusCode.FAILED_PRECONDITION, self.member.why_not_peer(info.decode, "decode")
             )
-        why = grant.check(
-            peer.member.grant_key, info, cpb.PeerRef(name=self.member.name, epoch=self.epoch())
-        )
+        why = grant.check(peer.member.grant_key, info, self.ref())
         if why is not None:
             raise RpcError(grpc.StatusCode.PERMISSION_DENIED, f"TransferInfo refused: {why}")
         n_pages = self.member.pool.pages_for(len(tokens))
@@ -134,56 +109,34 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             raise invalid(str(e)) from e
         room, pages = admit_room(self.table, self.member.pool, self.ended, key, n_pages, budget)
         job = Job(key=key, room=room, pages=pages, peer=peer)
-        self.jobs[key] = job
+        self.requests[key] = job
         return job, tokens
 
     # ---- the request -------------------------------------------------------------
 
     @contained
     async def Prefill(self, request, context):
-        attributes = {"pdmesh.request.id": request.key.room.hex(),
-                      "pdmesh.prompt_tokens": len(request.prompt_tokens)}
-        with span("prefill", context=incoming_context(context), kind=SpanKind.SERVER,
-                  attributes=attributes) as server_span:
+        with self.request_span(context, request.key, len(request.prompt_tokens)) as server_span:
             await self._prefill(request, context, server_span)
 
     async def _prefill(self, request, context, server_span) -> None:
-        self.counters.requests_total += 1
-        budget = context.time_remaining() or self.config.default_budget
+        budget = self.arrived(context)
         sampling = sampling_from_proto(request.sampling)
         job, tokens = self._admit(request, budget)
-        cause: FailureCause | None = None
-        try:
-            with job.scope, anyio.fail_after(budget):
-                await self._run(job, tokens, sampling, request.transfer, context)
-            if job.scope.cancelled_caught:
-                cause = job.abort_reason or FailureCause.INTERNAL
+        async with self.lifecycle(job, server_span, job.room.deadline) as life:
+            try:
+                with job.scope, anyio.fail_after(budget):
+                    await self._run(job, tokens, sampling, request.transfer, context)
+            except TimeoutError:
+                life.fail(FailureCause.DEADLINE)
+                self.counters.deadline_expired_total += 1
+                raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "prefill deadline") from None
+            except TransferError as e:
+                life.fail(FailureCause.TRANSFER_ERROR)
+                self.counters.transfer_failed_total += 1
+                raise RpcError(grpc.StatusCode.UNAVAILABLE, f"KV transfer failed: {e}") from e
+            if (cause := life.aborted()) is not None:
                 raise RpcError(grpc.StatusCode.ABORTED, f"aborted: {cause}")
-        except TimeoutError:
-            cause = FailureCause.DEADLINE
-            self.counters.deadline_expired_total += 1
-            raise RpcError(grpc.StatusCode.DEADLINE_EXCEEDED, "prefill deadline") from None
-        except TransferError as e:
-            cause = FailureCause.TRANSFER_ERROR
-            self.counters.transfer_failed_total += 1
-            raise RpcError(grpc.StatusCode.UNAVAILABLE, f"KV transfer failed: {e}") from e
-        except anyio.get_cancelled_exc_class():  # the caller left, or its deadline passed
-            cause = self.counters.cancelled(job.room.deadline)
-            raise
-        except BaseException:
-            cause = cause or FailureCause.INTERNAL
-            raise
-        finally:
-            if cause is not None:
-                job.room.fail(cause, time.monotonic())
-                self.counters.aborts[cause.value] += 1  # once per request that ended early
-                mark_aborted(server_span, cause.value, job.abort_stage or job.stage)
-            with anyio.move_on_after(FENCE_SECONDS + 1, shield=True) as bounded:
-                await self._release(job)
-            if bounded.cancelled_caught:
-                log.error("room %s: release cut short; its %d pages withheld",
-                          job.key, len(job.pages))
-            server_span.add_event("released", {"pdmesh.kv.pages": len(job.pages)})
 
     async def _run(self, job: Job, tokens, sampling, info: cpb.TransferInfo, context) -> None:
         member, pool = self.member, self.member.pool
@@ -227,7 +180,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         first = sample(logits, sampling, 0)
         ready = cpb.KvReady(
             key=info.key,
-            prefill=cpb.PeerRef(name=member.name, epoch=self.epoch()),
+            prefill=self.ref(),
             num_pages=len(dst),
             prompt_tokens=n,
             first_token=first,
@@ -258,7 +211,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
             pages_written=len(dst),
             bytes_written=wire_bytes,
             transfer_seconds=elapsed,
-            prefill=self._ref(),
+            prefill=self.ref(),
             decode=info.decode,
         )
         self.metrics.transfer_seconds.observe(elapsed)
@@ -271,7 +224,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
     async def _stage(self, job: Job, pages: range, last_page_tokens: int | None) -> None:
         """nvfp4: quantize these KV pages into their staging slots, off the event loop.
 
-        Not abandoned on cancel: the thread finishes before the caller's finally can free
+        Not abandoned on cancel: the thread finishes before the request's release can free
         the pages it reads. ``last_page_tokens`` counts the prompt's tokens in the last page
         of ``pages`` when that page is the prompt's last (its tail is zeroed on the wire).
         """
@@ -292,7 +245,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         job.room.transition(RoomState.TRANSFERRING, time.monotonic())
         return transfer
 
-    async def _release(self, job: Job) -> None:
+    async def _release(self, job: Job) -> str:
         """Fence every posted write, then give the local pages back.
 
         A write still reading our pages must finish (or fail) before the pages
@@ -300,7 +253,7 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
         problem to report, ours is never to reuse a page that may be read.
         """
         fenced = False
-        deadline = time.monotonic() + FENCE_SECONDS  # one budget for all: the caller's
+        deadline = time.monotonic() + TIMEOUTS.fence_seconds  # one budget for all: the caller's
         try:  # bound must never cut the bookkeeping below short
             fenced = all([await fence(t, max(0.0, deadline - time.monotonic()))
                           for t in job.transfers])  # a list: every write is fenced
@@ -313,70 +266,24 @@ class PrefillService(pgrpc.PrefillServicer, cgrpc.AdminServicer):
                 for transfer in job.transfers:  # kept with the pages, not leaked
                     transfer.withheld = not transfer.released
             self.table.remove(job.key)
-            self.jobs.pop(job.key, None)
+            self.requests.pop(job.key, None)
             self.ended.add(job.key)
             job.released.set()
+        return "released"
 
     # ---- aborts and peers --------------------------------------------------------
 
-    @contained
-    async def Abort(self, request, context):
-        key = key_from_proto(request.key)
-        try:
-            reason = FailureCause(request.reason)
-        except ValueError:
-            raise invalid(f"unknown abort reason {request.reason!r}") from None
-        job = self.jobs.get(key)
-        check_abort_ends(request.prefill, self._ref(), request.decode,
-                         job.peer.ref if job is not None else None)
-        self.ended.add(key)
-        if job is None:
-            return cpb.AbortAck(key=request.key, known=False, released=True)
+    async def _stop(self, job: Job, reason: FailureCause, abort: cpb.Abort) -> None:
         if self.member.faults.delay_abort:
             await anyio.sleep(self.member.faults.delay_abort)
-        self._cancel(job, reason, request.stage)
-        with anyio.move_on_after(ABORT_WAIT_SECONDS):
-            await job.released.wait()
-        return cpb.AbortAck(
-            key=request.key,
-            known=True,
-            state=job.room.state.proto,
-            released=job.released.is_set(),
-        )
-
-    def _ref(self) -> cpb.PeerRef:
-        return cpb.PeerRef(name=self.member.name, epoch=self.epoch())
-
-    def _cancel(self, job: Job, reason: FailureCause, stage: str = "") -> None:
-        if job.abort_reason is None:
-            job.abort_reason = reason
-            job.abort_stage = stage
-        job.scope.cancel()
+        job.cancel(reason, abort.stage)
 
     def on_peer_lost(self, member: bpb.Member, reason: str) -> None:
         """A decode left: its rooms fail at once instead of waiting for a timeout."""
-        for job in list(self.jobs.values()):
-            if job.peer.member.name == member.name and job.peer.member.epoch == member.epoch:
-                self._cancel(job, FailureCause.PEER_LOST)
-
-    def healthy(self) -> bool:
-        return not self.scheduler.stalled()
-
-    @contained
-    async def Stats(self, request, context):
-        return self.snapshot()
-
-    def snapshot(self) -> cpb.MemberStats:
-        return self.counters.stats(
-            cpb.PREFILL, self.member.name, self.epoch(), self.healthy(), self.table,
-            self.member.pool, pinned_after=self.member.pinned_after, requests=len(self.jobs),
-            peer_of=lambda key: self.jobs[key].peer.member.name if key in self.jobs else "",
-        )
-
-    @contained
-    async def Dump(self, request, context):
-        return dump(self.member.name)
-
+        lost = cpb.PeerRef(name=member.name, epoch=member.epoch)
+        for job in list(self.requests.values()):
+            if job.peer_ref == lost:
+                job.cancel(FailureCause.PEER_LOST)
 
 
 async def fence(transfer, seconds: float) -> bool:

@@ -1,6 +1,6 @@
 """One request through the mesh, owned from start to end by the router.
 
-The request flow (design.md, router-orchestrated push):
+The request flow (router-orchestrated push):
 1. mint (room, generation), pick a pair;
 2. open Decode.Generate: its first message is the TransferInfo (destination pages);
 3. open Prefill.Prefill with that TransferInfo and read it to its TransferResult;
@@ -28,6 +28,7 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind
 
+from libs.member.timeouts import TIMEOUTS
 from libs.rpc.calls import unary
 from libs.tracing import mark_aborted, outgoing_metadata, span
 from pdmesh.v1 import common_pb2 as cpb
@@ -37,11 +38,9 @@ from services.router.pairing import NoPair, Pair, Pairing
 
 log = logging.getLogger(__name__)
 
-ABORT_SECONDS = 2.0
 # A member lost or unreachable, or one that does not (yet) know its partner's epoch
 # (a registration race after a restart): another attempt may well succeed.
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.FAILED_PRECONDITION)
-KV_ARRIVAL_GRACE = 5.0  # after the prefill's TransferResult, for the decode's first token
 
 
 class MeshError(Exception):
@@ -202,7 +201,7 @@ class MeshClient:
                 if not legs.finished:
                     self.aborts[reason] = self.aborts.get(reason, 0) + 1
                     progress.abort_reason = reason
-                    with anyio.move_on_after(ABORT_SECONDS, shield=True):
+                    with anyio.move_on_after(TIMEOUTS.abort_seconds, shield=True):
                         await legs.abort(reason)
                 legs.end_decode_span()
 
@@ -290,12 +289,12 @@ class _Legs:
         # The prefill says every page was written; a decode that still sees no KvReady
         # after the grace is a lost notification, reported as one, not a 300 s hang.
         arrived = None
-        with anyio.move_on_after(KV_ARRIVAL_GRACE):
+        with anyio.move_on_after(TIMEOUTS.kv_arrival_grace):
             arrived = await self.decode_call.read()
         if arrived is None:
             raise MeshError(
                 f"the prefill wrote the KV but the decode saw no KvReady within "
-                f"{KV_ARRIVAL_GRACE:.0f} s", grpc.StatusCode.UNAVAILABLE,
+                f"{TIMEOUTS.kv_arrival_grace:.0f} s", grpc.StatusCode.UNAVAILABLE,
             )
         if arrived is grpc.aio.EOF or not arrived.HasField("kv_arrived"):
             raise MeshError("decode did not confirm the KV's arrival", grpc.StatusCode.INTERNAL)
@@ -333,7 +332,7 @@ class _Legs:
                     self.pair.prefill.stub.Abort,
                     cpb.Abort(key=self.key, reason=reason, prefill=self.pair.prefill.ref,
                               decode=self.pair.decode.ref, stage=self.progress.stage),
-                    timeout=ABORT_SECONDS,
+                    timeout=TIMEOUTS.abort_seconds,
                 )
                 fenced = ack.released
                 trace.get_current_span().add_event(
@@ -349,7 +348,7 @@ class _Legs:
                 cpb.Abort(key=self.key, reason=reason, writer_fenced=fenced,
                           prefill=self.pair.prefill.ref, decode=self.pair.decode.ref,
                           stage=self.progress.stage),
-                timeout=ABORT_SECONDS,
+                timeout=TIMEOUTS.abort_seconds,
             )
             trace.get_current_span().add_event(
                 "AbortAck", {"pdmesh.member": self.pair.decode.member.name,

@@ -7,6 +7,7 @@ from contextlib import aclosing
 
 import grpc
 
+from libs.member.timeouts import TIMEOUTS
 from libs.rpc.dump import dump
 from libs.rpc.handlers import RpcError, contained, invalid
 from pdmesh.v1 import common_pb2 as cpb
@@ -26,10 +27,6 @@ _HTTP_TO_GRPC = {
     503: grpc.StatusCode.UNAVAILABLE,
     504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
-
-# The mesh's legs end this long before the caller's own gRPC deadline, so the request
-# fails as `deadline` with a typed status instead of racing the caller's cancellation.
-DEADLINE_MARGIN = 0.1
 
 
 def to_completion_request(request: gpb.GenerateRequest) -> CompletionRequest:
@@ -86,8 +83,10 @@ class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
                     )
                 )
             )
+            # The legs end a little before the caller's own deadline, so the request fails
+            # as `deadline` with a typed status instead of racing the caller's cancellation.
             remaining = context.time_remaining()
-            budget = None if remaining is None else max(0.01, remaining - DEADLINE_MARGIN)
+            budget = None if remaining is None else TIMEOUTS.leg_budget(remaining)
             async with aclosing(
                 self.backend.run(prompt, sampling, operation_of(req), budget)
             ) as events:
