@@ -1,10 +1,11 @@
 """Calls that stay correct under anyio cancellation.
 
-Field guide trap 1: `with anyio.move_on_after(t): await stub.Unary(req)` lets a
-bare CancelledError escape and kill the enclosing task, because grpc replaces
-anyio's cancellation with one that anyio does not recognise. The working
-pattern: start the call, wait on an anyio.Event set by the call's done
-callback, cancel the call if that wait is interrupted, then read the result.
+Trap 1 of docs/design.md ("grpc.aio and anyio traps"):
+`with anyio.move_on_after(t): await stub.Unary(req)` lets a bare CancelledError
+escape and kill the enclosing task, because grpc replaces anyio's cancellation
+with one that anyio does not recognise. The working pattern: start the call,
+wait on an anyio.Event set by the call's done callback, cancel the call if that
+wait is interrupted, then read the result.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def open_channel(address: str) -> grpc.aio.Channel:
 
 async def close_channel(channel: grpc.aio.Channel, seconds: float = 1.0) -> None:
     """Close a channel from a finally block: shielded (the scope may be cancelled) and
-    bounded (field guide, trap 9)."""
+    bounded (docs/design.md, trap 9)."""
     with anyio.move_on_after(seconds, shield=True):
         await channel.close()
 

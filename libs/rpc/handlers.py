@@ -1,8 +1,9 @@
 """Contain every handler: no message can kill a loop, every failure is a typed status.
 
-Field guide trap 2: a handler that ends in CancelledError sends no status and
-the caller hangs until its own deadline. Internal errors become INTERNAL,
-typed errors keep their code, and only the client's own cancellation passes.
+Trap 2 of docs/design.md ("grpc.aio and anyio traps"): a handler that ends in
+CancelledError sends no status and the caller hangs until its own deadline.
+Internal errors become INTERNAL, typed errors keep their code, and only the
+client's own cancellation passes.
 
 Streaming handlers are written as coroutines that `await context.write(...)`
 rather than async generators: a generator that yields inside a task group or

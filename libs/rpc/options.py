@@ -1,6 +1,6 @@
 """Keepalive settings that let a vanished peer be noticed in seconds.
 
-Server keepalive defaults to two hours (field guide trap 7): without these a
+Server keepalive defaults to two hours (docs/design.md, trap 7): without these a
 router that disappears without closing its connection would never cancel work
 on prefill or decode. Client and server must agree, or the server answers
 GOAWAY too_many_pings.

@@ -82,7 +82,7 @@ class KvAgent:
     """Registers a page-major pool once and WRITEs pages into peers' pools.
 
     ``progress_thread`` defaults to off: NIXL's progress thread busy-polls a core, which on
-    a small host halved both transfer and memcpy throughput in bench/transfer_bench.py.
+    a small host halved both transfer and memcpy throughput in pdmesh/bench/transfer.py.
     Without it, UCX progresses when the owner calls in, so both sides must keep polling:
     the writer through :func:`libs.transfer.wait.wait`, the reader through
     :meth:`get_notifs` (about every millisecond while it expects pages).

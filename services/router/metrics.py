@@ -1,4 +1,4 @@
-"""The router's Prometheus metrics (contract.md: names start with pdmesh_, no request ids)."""
+"""The router's Prometheus metrics (names start with pdmesh_; labels never carry a request id)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The ASGI response that runs one completion on the backend and writes it out.
 
 Why a response of our own rather than StreamingResponse/JSONResponse:
-- uvicorn never cancels the app when a client disconnects (field guide, trap 8). Starlette's
+- uvicorn never cancels the app when a client disconnects (docs/design.md, trap 8). Starlette's
   StreamingResponse watches for it only while the server announces ASGI < 2.4, and
   JSONResponse never does. Here one watcher covers every phase (waiting for the first token,
   streaming, collecting a non-streaming answer), so a client that goes away aborts the request
