@@ -169,12 +169,17 @@ def test_operands_the_gluon_kernels_cannot_read_take_the_triton_kernel():
         assert linear.route(xs, packed, scales, out)[0] == kernel
         check_linear_exact(nvfp4_linear(xs, packed, scales, s2), xs, packed, scales, s2, None,
                            BF16)
-    for n, k, m in ((200, 576, 70), (200, 1536, 70), (200, 1536, 32)):
+    # (a non-contiguous weight is refused by nvfp4_linear's checks: launched directly here)
+    for n, k, m, kernel in ((200, 576, 70, "small"), (200, 576, 20, "small"),
+                            (200, 1536, 70, "small_phased"), (200, 1536, 32, "triton")):
         packed, scales, s2 = cuda_weight(n, k, BF16, seed=7)
         rows4 = offset_rows(packed, 4)
         x = torch.randn(m, k, device="cuda", dtype=BF16)
-        check_linear_exact(nvfp4_linear(x, rows4, scales, s2), x, packed, scales, s2, None,
-                           BF16)
+        out = torch.empty(m, n, device="cuda", dtype=BF16)
+        name, cfg = linear.route(x, rows4, scales, out)
+        assert name == kernel
+        linear.kernel_module(name).launch(x, rows4, scales, s2.float(), None, out, cfg)
+        check_linear_exact(out, x, packed, scales, s2, None, BF16)
     packed, scales, s2 = cuda_weight(2048, 4096, BF16, seed=8)
     buf = torch.empty(packed.numel() + 2, dtype=torch.uint8, device="cuda")
     shifted = buf[2:].view(2048, 2048)
