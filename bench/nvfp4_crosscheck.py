@@ -26,7 +26,7 @@ What is compared, on seeded inputs (normal, heavy-tailed, rows spanning 1e-6..1e
   `f32_to_f4_unpacked` applied to our exact y = x / (s_b * s2) must give our codes, except
   that torchao keeps the sign of -0.0 (0x8) where ModelOpt and we give 0x0.
 
-Result recorded on 2026-11-29 (torch 2.13.0+cpu, nvidia-modelopt 0.47.0, torchao 0.18.0,
+The result (torch 2.13.0+cpu, nvidia-modelopt 0.47.0, torchao 0.18.0,
 exit 0):
 - ModelOpt: packed bytes, scale bytes, s2 and dequantized values identical in all 42 runs
   (7 cases x 3 dtypes x own/given s2). The all-zero tensor is the one documented

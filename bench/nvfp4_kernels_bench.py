@@ -1,7 +1,7 @@
 """Benchmark the Triton NVFP4 kernels on one CUDA GPU: prints a table, writes JSON.
 
-    python -m bench.nvfp4_kernels_bench [--out DIR] [--quick] [--tune] [--rounds R]
-                                        [--stream-baseline F]
+    python -m bench.nvfp4_kernels_bench [--out DIR] [--quick] [--shapes S] [--ms M]
+                                        [--rounds R] [--baseline F] [--stream-baseline F]
 
 What is measured (all in one run, so the ceilings and the kernels share the card's state):
 - Copy ceiling: `dst.copy_(src)` of 1 GiB, bytes read + written.
@@ -10,7 +10,8 @@ What is measured (all in one run, so the ceilings and the kernels share the card
   bytes read + written, as % of the copy, and against the torch reference run on the GPU.
   quantize's bytes: x + packed + scales; dequantize's: packed + scales + output.
 - nvfp4_linear (triton_impl.linear) against torch's bf16 F.linear on the same x, for
-  M = 1, 16, 64, 256 rows of x and weights [N, K] (N output features, K input features).
+  M = 1, 16, 64, 256 rows of x and weights [N, K] (N output features, K input features),
+  with the kernel the route picked (libs/kernels/nvfp4/routing.py).
 
 Timing: CUDA events around CUDA-graph replays, median of several replays after a warmup.
 Each graph holds R back-to-back calls, so the time per call includes the launch gaps a
@@ -35,13 +36,10 @@ import time
 import torch
 
 from bench.rounds import interleaved
-from libs.kernels.nvfp4 import linear_kernels as lk
-from libs.kernels.nvfp4 import reference, triton_impl
-from libs.kernels.nvfp4.gemm_configs import head_config
+from libs.kernels.nvfp4 import linear, reference, triton_impl
 
 L2_FLUSH_BYTES = 192 * 2**20
-TUNE_M = (1, 64, 256)  # --tune-m: the token counts --tune times alternatives for
-BASELINE = None  # --baseline: another linear_kernels module, timed beside the current one
+BASELINE = None  # --baseline: another linear.py (the CUDA linear), timed beside this one
 STREAM_BASELINE = None  # --stream-baseline: another triton_impl module, timed beside this one
 
 
@@ -91,7 +89,7 @@ def eager_time_ms(fn, reps: int = 3) -> float:
 def copy_bandwidth() -> float:
     """Device-to-device copy of 1 GiB, bytes read + written, timed eagerly with events
     after a second of copies so the clocks have left idle. (Inside a CUDA graph the copy
-    becomes a memcpy node that ran at only ~2.7 TB/s on an H200, below what the kernels
+    becomes a memcpy node that runs at only ~2.7 TB/s on an H200, below what the kernels
     here reach, so the eager copy, ~4.2 TB/s, is the ceiling used.)"""
     src = torch.empty(2**30, dtype=torch.uint8, device="cuda").random_()
     dst = torch.empty_like(src)
@@ -111,7 +109,7 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() / statistics.median(times) / 1e6  # GB/s
 
 
-def stream_bench(copy_gbs: float, results: dict, tune: bool) -> list[str]:
+def stream_bench(copy_gbs: float, results: dict) -> list[str]:
     rows = []
     n, k = 8192, 8192
     for dtype in (torch.bfloat16, torch.float32):
@@ -159,25 +157,6 @@ def stream_bench(copy_gbs: float, results: dict, tune: bool) -> list[str]:
                             f"| {nbytes / ms_base / 1e6:7.0f} GB/s "
                             f"| {100 * nbytes / ms_base / 1e6 / copy_gbs:5.1f}% "
                             f"| this kernel {ms_base / ms:4.2f}x faster | same bytes: {same} |")
-            if tune and op == "quantize":  # blocks per tile x warps x programs per SM
-                for blocks, warps in ((64, 2), (128, 4), (256, 8), (128, 2), (256, 4)):
-                    for per_sm in (2, 4, 8, 16, 32):
-                        t = graph_time_ms([lambda a=(x, s2, blocks, warps, per_sm):
-                                           triton_impl._quantize(*a)] * 10)
-                        results["stream_tune"].append(dict(op=op, dtype=name, blocks=blocks,
-                                                           warps=warps, per_sm=per_sm,
-                                                           us=t * 1e3, gbs=nbytes / t / 1e6))
-            elif tune:  # blocks per program x warps
-                args = (packed, scales, s2, dtype)
-                for blocks in (64, 128, 256, 512):
-                    for warps in (2, 4, 8):
-                        if blocks < 32 * warps:
-                            continue
-                        t = graph_time_ms([lambda a=args, b=blocks, w=warps:
-                                           triton_impl._dequantize(*a, b, w)] * 10)
-                        results["stream_tune"].append(dict(op=op, dtype=name, blocks=blocks,
-                                                           warps=warps, us=t * 1e3,
-                                                           gbs=nbytes / t / 1e6))
     return rows
 
 
@@ -192,7 +171,7 @@ def weight_copies(n: int, k: int, count: int):
     return ws, qs
 
 
-def linear_bench(shapes, ms_list, results: dict, tune: bool, rounds: int = 1) -> list[str]:
+def linear_bench(shapes, ms_list, results: dict, rounds: int = 1) -> list[str]:
     rows = []
     for label, n, k in shapes:
         bf16_bytes = n * k * 2
@@ -226,8 +205,8 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool, rounds: int = 1) ->
                 t_base = statistics.median(per_round[2])
                 base_txt = f" {t_base * 1e3:8.1f} us (baseline) |"
             ratios = sorted(b / f for b, f in zip(*per_round[:2], strict=True))
-            kernel, cfg = lk.route(x, qs[0][0], qs[0][1], torch.empty(m, n, device="cuda",
-                                                                   dtype=x.dtype))
+            kernel, cfg = linear.route(x, qs[0][0], qs[0][1], torch.empty(m, n, device="cuda",
+                                                                       dtype=x.dtype))
             gbs = (fp4_bytes + m * k * 2 + m * n * 2) / t_fp4 / 1e6
             entry = dict(shape=label, n=n, k=k, m=m, bf16_us=t_bf16 * 1e3, nvfp4_us=t_fp4 * 1e3,
                          speedup=t_bf16 / t_fp4, nvfp4_weight_gbs=gbs, kernel=kernel, config=cfg,
@@ -238,8 +217,6 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool, rounds: int = 1) ->
                 entry["rounds"] = dict(bf16_us=[t * 1e3 for t in per_round[0]],
                                        nvfp4_us=[t * 1e3 for t in per_round[1]],
                                        speedup_min=ratios[0], speedup_max=ratios[-1])
-            if tune and m in TUNE_M and (m < 64 or n * k >= 4096 * 4096):
-                entry["tune"] = tune_configs(x, qs, n_fp4, reps_per_graph, m, n, k)
             results["linear"].append(entry)
             rows.append(f"| {label} | {n}x{k} | {m:3d} | {t_bf16 * 1e3:8.1f} us "
                         f"| {t_fp4 * 1e3:8.1f} us | {t_bf16 / t_fp4:5.2f}x | {gbs:6.0f} GB/s "
@@ -249,129 +226,6 @@ def linear_bench(shapes, ms_list, results: dict, tune: bool, rounds: int = 1) ->
         del ws, qs
         torch.cuda.empty_cache()
     return rows
-
-
-def _time_gluon(gk, named_cfgs, pick, x, qs, n_fp4, reps, m, n, k):
-    """Time gluon module gk's launch over (name, cfg) pairs, each checked against the
-    reference on the first weight copy; the picked config is marked."""
-    from triton.runtime.errors import OutOfResources  # where a config's tile cannot fit
-
-    y_ref = reference.linear(x, qs[0][0], qs[0][1], qs[0][2], None).float()
-    out = []
-    for name, cfg in named_cfgs:
-        def call(q, cfg=cfg):
-            o = torch.empty(m, n, device="cuda", dtype=x.dtype)
-            gk.launch(x, q[0], q[1], q[2], None, o, cfg)
-            return o
-
-        try:
-            o = call(qs[0])
-        except OutOfResources as err:  # e.g. a 256-token tile with the pick's ring depth
-            out.append(dict(name=name, cfg=cfg, skipped=str(err)))
-            print(f"tune [{n}x{k}] M={m}: {name} skipped: {err}", flush=True)
-            continue
-        rel = ((o.float() - y_ref).norm() / y_ref.norm()).item()
-        t = graph_time_ms([(lambda q=qs[i % n_fp4]: call(q)) for i in range(reps)])
-        name += " (picked)" if cfg == pick else ""
-        out.append(dict(name=name, cfg=cfg, us=t * 1e3, rel_err=rel))
-        print(f"tune [{n}x{k}] M={m}: {name} {t * 1e3:.1f} us rel_err {rel:.1e}", flush=True)
-    return out
-
-
-def tune_gemv(x, qs, n_fp4, reps, m, n, k):
-    """Time the Gluon GEMV (gemv_kernel.py) over tile shapes and K splits: the sweep behind
-    gemv_configs.pick_config. Returns [] where it cannot run (more than 8 tokens, K not a
-    multiple of 512, a Triton without Gluon)."""
-    try:
-        from libs.kernels.nvfp4 import gemv_kernel as gk
-    except ImportError:
-        return []
-    pick = gk.pick_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-    cfgs = []
-    for bn, warps in ((128, 8), (64, 4), (128, 4), (256, 8)):
-        for split in (1, 2, 4, 8, 16):
-            cfg = dict(BN=bn, BM=8, NBYTES=16, SPLIT_K=split, num_warps=warps)
-            if m <= 8 and gk.fits(m, k, cfg) and 66 <= math.ceil(n / bn) * split <= 1056:
-                cfgs.append((f"gemv-bn{bn}-w{warps}-split{split}", cfg))
-    return _time_gluon(gk, cfgs, pick, x, qs, n_fp4, reps, m, n, k)
-
-
-def tune_gemm(x, qs, n_fp4, reps, m, n, k):
-    """Time the warp-specialized Gluon GEMM (gemm_kernel.py) with the picked token tile (and
-    128 and 256 above 128 tokens) and K split in one, two and four: the sweep behind
-    gemm_kernel.pick_config. Returns [] where it does not apply (16 tokens or fewer, small
-    layers)."""
-    try:
-        from libs.kernels.nvfp4 import gemm_kernel as gk
-    except ImportError:
-        return []
-    pick = gk.pick_config(m, n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-    if pick is None:
-        return []
-    pick = head_config(pick)  # one launch: a two-launch pick's first
-    cfgs = []
-    for bm in sorted({pick["BM"], 128, 256} if m > 128 else {pick["BM"]}):
-        for split in (1, 2, 4):
-            cfg = dict(pick, BM=bm, SPLIT_K=split, maxnreg=232 if bm > 128 else 128)
-            if bm == 256:  # pick_config's ring for 256-token tiles (shared memory)
-                cfg["STAGES"] = 3
-            if gk.fits(m, k, cfg):
-                cfgs.append((f"gemm-bm{bm}-split{split}", cfg))
-    return _time_gluon(gk, cfgs, pick, x, qs, n_fp4, reps, m, n, k)
-
-
-def tune_configs(x, qs, n_fp4, reps, m, n, k):
-    """Time a few alternative configs and both decodes (a modest, offline autotune), and
-    the Gluon GEMV's or GEMM's configs where they apply."""
-    gluon = tune_gemv(x, qs, n_fp4, reps, m, n, k) if m <= 8 else tune_gemm(x, qs, n_fp4,
-                                                                          reps, m, n, k)
-    base = lk.pick_config(m, n, k)
-    variants = [dict(base, name="triton-picked")]
-    if n * k < 4096 * 4096:  # launch-bound shapes: only fewer programs / less reduction
-        variants.append(dict(base, SPLIT_K=1, name="split1"))
-        variants.append(dict(base, SPLIT_K=1, BLOCK_K=64, name="split1-bk64"))
-        asms = (True,)
-    elif m <= 16:
-        s = base["SPLIT_K"]
-        asms = (True,)
-        g = dict(base, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4)
-        variants.append(dict(base, K_INTERLEAVE=True, name="interleave"))
-        variants.append(dict(g, SPLIT_K=s * 2, K_INTERLEAVE=True, name="split*2-interleave"))
-        variants.append(dict(g, BLOCK_K=64, SPLIT_K=s * 2, name="bk64-split*2"))
-        variants.append(dict(g, BLOCK_K=64, SPLIT_K=s * 2, K_INTERLEAVE=True,
-                             name="bk64-split*2-interleave"))
-        variants.append(dict(g, BLOCK_N=64, BLOCK_K=256, num_stages=3, name="bn64-bk256"))
-        variants.append(dict(g, BLOCK_N=64, BLOCK_K=256, num_stages=3, K_INTERLEAVE=True,
-                             name="bn64-bk256-interleave"))
-        variants.append(dict(g, BLOCK_N=256, num_warps=8, name="bn256w8"))
-        variants.append(dict(g, BLOCK_K=256, num_warps=8, num_stages=3, SPLIT_K=max(1, s // 2),
-                             name="bn128w8-bk256"))
-        variants.append(dict(g, BLOCK_N=64, name="bn64"))
-        variants.append(dict(g, BLOCK_N=64, K_INTERLEAVE=True,
-                             name="bn64-interleave"))
-    if n * k >= 4096 * 4096 and m > 16:
-        asms = (True, False)
-    out = []
-    for v in variants:
-        for asm in asms:
-            cfg = {key: v[key] for key in v if key not in ("DECODE_ASM", "name")}
-
-            def call(q, cfg=cfg, asm=asm):
-                o = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-                lk.launch(x, q[0], q[1], q[2], None, o, cfg, decode_asm=asm)
-
-            try:
-                o = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-                lk.launch(x, qs[0][0], qs[0][1], qs[0][2], None, o, cfg, decode_asm=asm)
-                y_ref = reference.linear(x, qs[0][0], qs[0][1], qs[0][2], None).float()
-                rel = ((o.float() - y_ref).norm() / y_ref.norm()).item()
-                t = graph_time_ms([(lambda q=qs[i % n_fp4]: call(q)) for i in range(reps)])
-                out.append(dict(name=v["name"], asm=asm, cfg=cfg, us=t * 1e3, rel_err=rel))
-                print(f"tune [{n}x{k}] M={m}: {v['name']} asm={asm} {t * 1e3:.1f} us "
-                      f"rel_err {rel:.1e}", flush=True)
-            except Exception as e:  # a config that does not compile or fit is skipped
-                out.append(dict(name=v["name"], asm=asm, cfg=cfg, error=repr(e)[:200]))
-    return gluon + out
 
 
 def _load_module(name: str, path: str):
@@ -389,8 +243,6 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
     ap.add_argument("--quick", action="store_true", help="SmolLM2 and 4096^2 only")
-    ap.add_argument("--tune", action="store_true", help="also time alternative configs")
-    ap.add_argument("--tune-m", default="1,64,256", help="token counts --tune looks at")
     ap.add_argument("--stream-only", action="store_true", help="quantize/dequantize only")
     ap.add_argument("--linear-only", action="store_true", help="skip quantize/dequantize")
     ap.add_argument("--shapes", default="",
@@ -398,9 +250,10 @@ def main(argv=None) -> int:
                          "SmolLM2 layers the engine runs, wqkv 960x576 and gate_up 3072x576; "
                          "mid: 2-4M-weight layers, 2048x2048, 2048x1536, 4096x1024)")
     ap.add_argument("--ms", default="1,16,64,256",
-                    help="token counts of the linear rows (the targets are at 1 and 256; "
-                         "512 and more show long prompts)")
-    ap.add_argument("--baseline", default="", help="another linear_kernels.py to time too")
+                    help="token counts of the linear rows (1: a decode step; 256: a decode batch "
+                         "or prompt chunk; 512 and more show long prompts)")
+    ap.add_argument("--baseline", default="",
+                    help="another version of libs/kernels/nvfp4/linear.py to time too")
     ap.add_argument("--rounds", type=int, default=1,
                     help="time each linear row this many times, torch and nvfp4 alternating; "
                          "the table gives medians and the range of the per-round speedups")
@@ -409,21 +262,18 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import triton
 
-    global TUNE_M
-    TUNE_M = tuple(int(v) for v in args.tune_m.split(","))
-
     props = torch.cuda.get_device_properties(0)
     results = dict(device=props.name, sms=props.multi_processor_count,
                    torch=torch.__version__, triton=triton.__version__, stream=[], linear=[],
-                   stream_tune=[],
-                   decode_asm=lk.DECODE_ASM, time=time.strftime("%Y-%m-%d %H:%M:%S"))
+                   time=time.strftime("%Y-%m-%d %H:%M:%S"))
     t0 = time.time()
     copy_gbs = copy_bandwidth()
     results["copy_gbs"] = copy_gbs
     global STREAM_BASELINE
     if args.stream_baseline:
-        STREAM_BASELINE = _load_module("libs.kernels.nvfp4._baseline_impl", args.stream_baseline)
-    stream_rows = [] if args.linear_only else stream_bench(copy_gbs, results, args.tune)
+        STREAM_BASELINE = _load_module("libs.kernels.nvfp4._baseline_impl",
+                                       args.stream_baseline)
+    stream_rows = [] if args.linear_only else stream_bench(copy_gbs, results)
     global BASELINE
     if args.baseline:
         BASELINE = _load_module("libs.kernels.nvfp4._baseline_lk", args.baseline)
@@ -444,7 +294,7 @@ def main(argv=None) -> int:
     if args.stream_only:
         shapes = []
     ms_list = [int(v) for v in args.ms.split(",")]
-    linear_rows = linear_bench(shapes, ms_list, results, args.tune, args.rounds)
+    linear_rows = linear_bench(shapes, ms_list, results, args.rounds)
     results["seconds"] = time.time() - t0
 
     os.makedirs(args.out, exist_ok=True)
@@ -462,14 +312,6 @@ def main(argv=None) -> int:
     print("| shape | N x K | M | torch bf16 | nvfp4 | speedup | nvfp4 bytes/s | kernel |" + extra)
     print("|---|---|---|---|---|---|---|---|" + "---|" * extra.count("|"))
     print("\n".join(linear_rows))
-    for t in results["stream_tune"]:
-        print(f"tune {t['op']} {t['dtype']}: blocks={t['blocks']} warps={t['warps']} "
-              f"per_sm={t.get('per_sm', '-')} "
-              f"{t['us']:.1f} us {t['gbs']:.0f} GB/s ({100 * t['gbs'] / copy_gbs:.1f}%)")
-    for e in results["linear"]:
-        for t in e.get("tune", []):
-            print(f"tune {e['shape']} M={e['m']}: {t['name']} asm={t.get('asm', '-')} "
-                  f"{t.get('us', float('nan')):.1f} us {t.get('error', '')}")
     return 0
 
 

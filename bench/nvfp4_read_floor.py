@@ -16,8 +16,8 @@ torch's bf16 F.linear, nvfp4_linear and an empty kernel, in interleaved rounds:
   covers programs per call, rows a program and ring depth.
 - the empty kernel: the graph's cost of a launch alone.
 
-The issue's 3x target at M = 1 is torch's time / 3; the table says how much of that a
-kernel has left once the bytes alone have arrived.
+The 3x line at M = 1 is torch's time / 3 (three times torch's speed); the table says how
+much of that a kernel has left once the bytes alone have arrived.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Interleaved timing rounds: the benches' guard against a noisy card.
 
-Torch's own time moves by a few percent between runs on these machines (8192x28672 at
-M = 1: 112-130 us over the sessions), so one torch/nvfp4 pair can land on either side of a
-target. Timing both alternately, round after round, puts the drift on both alike; the
+Torch's own time moves by several percent from run to run on one machine (8192x28672
+at M = 1 on an H200: 112-130 us), so one torch/nvfp4 pair can land on either side of a
+target ratio. Timing both alternately, round after round, puts the drift on both alike; the
 spread of the per-round ratios then says how firm a ratio is.
 """
 

@@ -1,7 +1,7 @@
 """ModelOpt NVFP4 checkpoints (the unified Hugging Face export): read, validate, write.
 
 A directory is one when it has ``hf_quant_config.json`` next to ``config.json``. Per
-quantized linear ``<m>`` (see /work/shared/docs/nvfp4-facts.md):
+quantized linear ``<m>`` (docs/nvfp4.md describes the format):
 
     <m>.weight          uint8          [out, in/2]   two E2M1 codes a byte, low nibble first
     <m>.weight_scale    float8_e4m3fn  [out, in/16]  block scales, linear layout

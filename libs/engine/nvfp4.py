@@ -3,7 +3,7 @@
 Each layer's four fused linears (wqkv, wo, w_gate_up, w_down) become an `Nvfp4Weight`;
 embeddings, norms and lm_head stay dense, as in ModelOpt's recipe (it excludes lm_head).
 Activations are never quantized: the matmul runs in the engine's dtype, which is how Hopper
-serves NVFP4 checkpoints (see /work/shared/docs/nvfp4-facts.md).
+serves NVFP4 checkpoints (docs/nvfp4.md).
 
 Fusion and the global scale. ModelOpt's export gives the shards it fuses (q/k/v, gate/up)
 one shared weight_scale_2, the max of their amaxes (`preprocess_linear_fusion`). Block scales
@@ -80,8 +80,8 @@ class Nvfp4Weight:
     def linear(self, x: torch.Tensor) -> torch.Tensor:
         """x @ W.T: on CPU F.linear on the dense copy; on GPU nvfp4_linear, through a
         PreparedLinear that does its host work once per x shape (an eager decode step is
-        host-bound: 47-123 us of Python a call before, docs/notes/nvfp4-triton.md, session
-        `prepared`). Same kernels, same bits."""
+        host-bound, and on SmolLM2's layers nvfp4_linear's checks and route cost more host
+        time than the kernel takes). Same kernels, same bits."""
         if self.dense is not None:
             return F.linear(x, self.dense)
         if self.prepared is None:

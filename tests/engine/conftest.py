@@ -18,7 +18,7 @@ from libs.engine.tokenizer import Tokenizer
 @pytest.fixture(scope="package", autouse=True)
 def _one_thread_unless_passive_omp():
     """On a shared, oversubscribed box OpenMP's default spin-waiting slows these small-op tests
-    ~10x (measured: 59 s vs 8.8 min for this package). OMP_WAIT_POLICY=PASSIVE fixes it but must
+    ~10x (minutes instead of one for this package). OMP_WAIT_POLICY=PASSIVE fixes it but must
     be set before torch loads; failing that, run this package single-threaded."""
     if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE":
         yield

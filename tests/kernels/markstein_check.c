@@ -1,5 +1,5 @@
-/* Checks the division-free quotient of the CUDA quantize kernel (triton_impl.py,
- * _encode_e2m1_fast) against IEEE division, on this machine's own FMA.
+/* Checks the division-free quotient of the CUDA quantize kernel (quantize_kernel.py,
+ * _codes_fast) against IEEE division, on this machine's own FMA.
  *
  *   q = fl(x * y) with y = fl(1 / d), then STEPS times: q = fma(fma(-q, d, x), y, q)
  *

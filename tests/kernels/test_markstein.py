@@ -1,6 +1,6 @@
 """The CUDA quantize kernel's division-free quotient equals IEEE division.
 
-The kernel (triton_impl._encode_e2m1_fast) replaces x / d by a reciprocal and Markstein
+The kernel (quantize_kernel._codes_fast) replaces x / d by a reciprocal and Markstein
 correction steps: one for bf16 and fp16 inputs, two for fp32. markstein_check.c proves the
 one-step claim exhaustively over every bf16 and fp16 significand against every fp32 d on
 this machine's FMA (same IEEE single-precision operations as the GPU's FFMA), and

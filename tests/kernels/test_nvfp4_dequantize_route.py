@@ -1,14 +1,13 @@
-"""The dequantize route (linear_kernels.takes_dequantize_route): long prompts on small
-layers run as Triton dequantize + cuBLAS, which is reference.linear's own computation, so
-its output equals the reference's bit for bit. The rule is checked everywhere; the route
-itself needs a GPU (`gpu`)."""
+"""The dequantize route on the GPU (routing.py's override): long prompts on small layers
+in bf16 run as Triton dequantize + cuBLAS, which is reference.linear's own computation, so
+its output equals the reference's bit for bit. The rule itself is tested everywhere
+(test_nvfp4_routing.py); these need a GPU (`gpu`)."""
 
 import pytest
 import torch
 
 from libs.kernels import nvfp4_linear, prepare_nvfp4_linear
 from libs.kernels.nvfp4 import reference
-from libs.kernels.nvfp4.dequantize_route import takes_dequantize_route
 
 from .nvfp4_helpers import check_linear_exact, cuda_weight
 
@@ -17,51 +16,25 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 BF16, FP16 = torch.bfloat16, torch.float16
 
 
-@pytest.mark.parametrize("kernel, m, n, k, takes", [
-    # SmolLM2's layers on both sides of where the route won on an H200, with the kernel
-    # the route picks there
-    ("small", 512, 3072, 576, True), ("small", 256, 3072, 576, False),   # fused gate_up
-    ("small", 1024, 960, 576, True), ("small", 512, 960, 576, False),    # fused wqkv
-    ("small", 2048, 576, 576, True), ("small", 1024, 576, 576, False),   # wo
-    ("gemm", 1024, 576, 1536, True), ("gemm", 512, 576, 1536, False),    # down
-    ("gemm", 1024, 2048, 1536, True), ("gemm", 512, 2048, 1536, False),
-    # the Triton kernel from 32 tokens and 2^27 multiply-adds
-    ("triton", 32, 2048, 2048, True), ("triton", 16, 2048, 2048, False),
-    ("triton", 128, 1024, 1024, True), ("triton", 64, 1024, 1024, False),
-    # layers past 2^22 weights keep the GEMM at any length
-    ("gemm", 8192, 4096, 4096, False), ("gemm", 8192, 4096, 1024, True),
-    # the GEMV and the phased kernel are never replaced
-    ("gemv", 1024, 2048, 2048, False), ("small_phased", 1024, 576, 1536, False),
-])
-def test_rule_takes_prompts_where_measured_faster(kernel, m, n, k, takes):
-    assert takes_dequantize_route(kernel, m, n, k, BF16) is takes
-
-
-def test_rule_never_takes_fp16_or_fp32():
-    for dtype in (FP16, torch.float32):
-        for kernel in ("small", "gemm", "triton"):
-            assert not takes_dequantize_route(kernel, 8192, 3072, 576, dtype)
-
-
 @gpu
 @needs_cuda
 def test_gpu_route_names_it_only_where_the_rule_does():
-    from libs.kernels.nvfp4 import linear_kernels as lk
+    from libs.kernels.nvfp4 import linear
 
     packed, scales, _ = cuda_weight(3072, 576, BF16, seed=1)
     for m, expect in ((512, "dequantize"), (256, "small")):
         x = torch.randn(m, 576, device="cuda", dtype=BF16)
         out = torch.empty(m, 3072, device="cuda", dtype=BF16)
-        assert lk.route(x, packed, scales, out)[0] == expect
+        assert linear.route(x, packed, scales, out)[0] == expect
     x = torch.randn(512, 576, device="cuda", dtype=FP16)
     out = torch.empty(512, 3072, device="cuda", dtype=FP16)
-    assert lk.route(x, packed, scales, out)[0] != "dequantize"
+    assert linear.route(x, packed, scales, out)[0] != "dequantize"
     # 2048x1536: the GEMM at 512 tokens (faster there), dequantize from 1024
     packed, scales, _ = cuda_weight(2048, 1536, BF16, seed=2)
     x = torch.randn(1024, 1536, device="cuda", dtype=BF16)
     out = torch.empty(1024, 2048, device="cuda", dtype=BF16)
-    assert lk.route(x[:512], packed, scales, out[:512])[0] == "gemm"
-    assert lk.route(x, packed, scales, out)[0] == "dequantize"
+    assert linear.route(x[:512], packed, scales, out[:512])[0] == "gemm"
+    assert linear.route(x, packed, scales, out)[0] == "dequantize"
 
 
 @gpu
@@ -75,12 +48,12 @@ def test_gpu_route_names_it_only_where_the_rule_does():
 ])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_gpu_equals_the_reference_bit_for_bit(n, k, shape, with_bias):
-    from libs.kernels.nvfp4 import linear_kernels as lk
+    from libs.kernels.nvfp4 import linear
 
     m = torch.Size(shape[:-1]).numel()
     x2 = torch.empty(m, k, device="cuda", dtype=BF16)
     packed, scales, s2 = cuda_weight(n, k, BF16, seed=n + k)
-    assert lk.route(x2, packed, scales, torch.empty(m, n, device="cuda", dtype=BF16)) == (
+    assert linear.route(x2, packed, scales, torch.empty(m, n, device="cuda", dtype=BF16)) == (
         "dequantize", {})
     g = torch.Generator().manual_seed(m)
     x = torch.randn(shape, generator=g).to(BF16).cuda()

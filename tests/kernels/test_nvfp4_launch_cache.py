@@ -5,19 +5,19 @@ through it, and the outputs are exact either way. GPU only (`gpu`)."""
 import pytest
 import torch
 
-from .nvfp4_helpers import check_linear_exact, cuda_weight, gluon_kernel
+from .nvfp4_helpers import check_linear_exact, cuda_module, cuda_weight
 
 pytestmark = pytest.mark.gpu
-lc = gluon_kernel("launch_cache")
-sk = gluon_kernel("small_kernel")
-from libs.kernels.nvfp4 import linear_kernels as lk  # noqa: E402  (after the skip)
+lc = cuda_module("launch_cache")
+sk = cuda_module("small_kernel")
+from libs.kernels.nvfp4 import linear, triton_kernel  # noqa: E402  (after the skip)
 
 
 @pytest.fixture
 def jit_calls(monkeypatch):
     """Count the calls that reach each kernel's JIT launch."""
     counts = {}
-    for name, cache in (("small", sk._LAUNCHES), ("triton", lk._LAUNCHES)):
+    for name, cache in (("small", sk._LAUNCHES), ("triton", triton_kernel._LAUNCHES)):
         original = cache.kernel.run
 
         def counted(*args, _name=name, _original=original, **kwargs):
@@ -61,16 +61,16 @@ def test_a_seen_call_skips_the_jit_and_stays_exact(jit_calls):
 
 
 def test_the_triton_kernel_launches_through_the_cache(jit_calls):
-    # SmolLM2's down projection at one token runs linear_kernels' Triton kernel
+    # SmolLM2's down projection at one token runs the Triton kernel
     packed, scales, s2 = cuda_weight(576, 1536, torch.bfloat16, seed=22)
     x = torch.randn(1, 1536, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(1, 576, device="cuda", dtype=torch.bfloat16)
-    kind, cfg = lk.route(x, packed, scales, out)
+    kind, cfg = linear.route(x, packed, scales, out)
     assert kind == "triton"
     outs = []
     for _ in range(3):
         out = torch.full((1, 576), float("nan"), device="cuda", dtype=torch.bfloat16)
-        lk.launch(x, packed, scales, s2, None, out, cfg)
+        triton_kernel.launch(x, packed, scales, s2, None, out, cfg)
         outs.append(out)
     check_linear_exact(outs[0], x, packed, scales, s2, None, torch.bfloat16)
     assert all(torch.equal(outs[0], o) for o in outs[1:])

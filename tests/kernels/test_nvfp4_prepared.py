@@ -119,12 +119,11 @@ def test_gpu_decode_calls_skip_the_launch_cache(monkeypatch):
 def test_gpu_prompt_calls_skip_the_launch_cache(monkeypatch, n, k, m, route):
     """Prompt-sized calls on the TMA routes replay too: new descriptors for each x (and
     the GEMM's out), the compiled kernel launched directly, and the result exact."""
-    from libs.kernels.nvfp4 import launch_cache
-    from libs.kernels.nvfp4 import linear_kernels as lk
+    from libs.kernels.nvfp4 import launch_cache, linear
 
     packed, scales, s2 = cuda_weight(n, k, torch.bfloat16, seed=7)
     x = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
-    assert lk.route(x[0], packed, scales, torch.empty(m, n, device="cuda",
+    assert linear.route(x[0], packed, scales, torch.empty(m, n, device="cuda",
                                                       dtype=torch.bfloat16))[0] == route
     calls = []
     original = launch_cache.LaunchCache.__call__
@@ -145,19 +144,18 @@ def test_gpu_prompt_calls_skip_the_launch_cache(monkeypatch, n, k, m, route):
 def test_gpu_dequantize_route_replays_without_the_jit(monkeypatch):
     """The dequantize route's plan launches the compiled dequantize directly: after the
     planning call no call reaches the JIT, and the output is nvfp4_linear's."""
-    from libs.kernels.nvfp4 import linear_kernels as lk
-    from libs.kernels.nvfp4 import triton_impl
+    from libs.kernels.nvfp4 import dequantize_kernel, linear
 
     n, k, m = 3072, 576, 512
     packed, scales, s2 = cuda_weight(n, k, torch.bfloat16, seed=9)
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    assert lk.route(x, packed, scales, torch.empty(m, n, device="cuda",
+    assert linear.route(x, packed, scales, torch.empty(m, n, device="cuda",
                                                    dtype=torch.bfloat16))[0] == "dequantize"
     # no compiled launch from an earlier test in this process: the binding call's own
-    monkeypatch.setattr(triton_impl._DEQUANTIZE_LAUNCHES, "entries", {})
+    monkeypatch.setattr(dequantize_kernel._DEQUANTIZE_LAUNCHES, "entries", {})
     runs = []
-    kernel = triton_impl._dequantize_kernel
+    kernel = dequantize_kernel._dequantize_kernel
     original = kernel.run
     monkeypatch.setattr(kernel, "run", lambda *a, **kw: runs.append(1) or original(*a, **kw))
     f = prepare_nvfp4_linear(packed, scales, s2, bias)
@@ -176,16 +174,16 @@ def test_gpu_dequantize_route_replays_without_the_jit(monkeypatch):
 @gpu
 @needs_cuda
 def test_gpu_gemm_calls_that_pad_x_stay_unplanned_and_exact():
-    from libs.kernels.nvfp4 import linear_kernels as lk
+    from libs.kernels.nvfp4 import gemm_configs, linear
 
     packed, scales, s2 = cuda_weight(4096, 4096, torch.bfloat16, seed=10)
     f = prepare_nvfp4_linear(packed, scales, s2)
     # under one 128-token tile x is copied (not planned); past one the last tile moves back
     for m, planned in ((100, False), (200, True), (256, True)):
         x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
-        kernel, cfg = lk.route(x, packed, scales, torch.empty(m, 4096, device="cuda",
+        kernel, cfg = linear.route(x, packed, scales, torch.empty(m, 4096, device="cuda",
                                                                 dtype=torch.bfloat16))
-        assert kernel == "gemm" and lk._gluon("gemm_kernel").needs_pad(m, cfg) != planned
+        assert kernel == "gemm" and gemm_configs.needs_pad(m, cfg) != planned
         for _ in range(2):
             assert torch.equal(f(x), nvfp4_linear(x, packed, scales, s2))
         assert (list(f._plans.values())[-1] is not None) == planned, m
@@ -194,7 +192,7 @@ def test_gpu_gemm_calls_that_pad_x_stay_unplanned_and_exact():
 @gpu
 @needs_cuda
 def test_gpu_two_launch_gemm_calls_are_planned_and_equal():
-    from libs.kernels.nvfp4 import linear_kernels as lk
+    from libs.kernels.nvfp4 import linear
 
     packed, scales, s2 = cuda_weight(8192, 2048, torch.bfloat16, seed=11)
     bias = torch.randn(8192, device="cuda", dtype=torch.bfloat16)
@@ -203,7 +201,7 @@ def test_gpu_two_launch_gemm_calls_are_planned_and_equal():
     # in a 128-token tile whose x is copied first (not planned)
     for m, planned in ((300, True), (330, False)):
         x = torch.randn(2, m // 2, 2048, device="cuda", dtype=torch.bfloat16)
-        kernel, cfg = lk.route(x.view(m, 2048), packed, scales,
+        kernel, cfg = linear.route(x.view(m, 2048), packed, scales,
                                torch.empty(m, 8192, device="cuda", dtype=torch.bfloat16))
         assert kernel == "gemm" and cfg["HEAD"] == 256
         for _ in range(3):
@@ -272,7 +270,7 @@ def test_gpu_split_k_plans_share_one_workspace_a_stream_and_stay_exact():
     """Bound split-K launches take the stream's shared workspace, not one each (which would
     hold memory per weight and token count); calls of two weights interleaved on one
     stream still give each its exact output."""
-    from libs.kernels.nvfp4 import linear_kernels as lk
+    from libs.kernels.nvfp4 import common
 
     weights = [cuda_weight(576, 1536, torch.bfloat16, seed=s) for s in (8, 9)]
     fs = [prepare_nvfp4_linear(*w) for w in weights]
@@ -289,4 +287,4 @@ def test_gpu_split_k_plans_share_one_workspace_a_stream_and_stay_exact():
     assert len(workspaces) == 1
     assert all(6 not in plan.launch.out_at for f in fs for plan in f._plans.values())
     assert any(buf.untyped_storage().data_ptr() in workspaces
-               for buf in lk._workspaces.values())
+               for buf in common._workspaces.values())

@@ -6,7 +6,7 @@ rounded toward zero, a division-free quotient). The bit-exact quantize tests rea
 the values their inputs produce; these run every input each step can get:
 - the e4m3 rounding: every fp32 in [2^-9, 448] against torch's cast;
 - the reciprocal and the sign bound: every fp32 divisor in [2^-89, 2^89] against a
-  correctly rounded division and the integer form the kernel used before;
+  correctly rounded division and the sign bound's integer form (its definition);
 - the bf16 signs: every finite bf16 against every sign bound a quantize can make;
 - the block scale: millions of (amax, s2) pairs, with the edges of the fast s2 range, of
   the clamps and of the quotients that round to zero, against a correctly rounded division.

@@ -328,25 +328,26 @@ def test_linear_matches_reference(nk, m, dtype, _full_precision_reductions):
 
 @pytest.mark.parametrize("m", [1, 64])
 def test_linear_decode_variants_and_splits_agree_bitwise(m):
-    # The inline-PTX decode and the plain Triton decode compute the same weights bit for
-    # bit; with the same split and tiles the fp32 sums run in the same order, so the outputs
-    # must be identical. Repeated calls must be identical too (split-K sums in fixed order).
-    from libs.kernels.nvfp4 import linear_kernels as lk
+    # The Triton kernel's inline-PTX decode and its plain Triton decode compute the same
+    # weights bit for bit; with the same split and tiles the fp32 sums run in the same order,
+    # so the outputs must be identical. Repeated calls must be identical too (split-K sums in
+    # fixed order).
+    from libs.kernels.nvfp4 import triton_configs, triton_kernel
 
     n, k = 1536, 4096
     packed, scales, s2 = make_weight(n, k, torch.bfloat16, seed=1)
     x = torch.randn(m, k, device=CUDA, dtype=torch.bfloat16)
-    cfg = lk.pick_config(m, n, k)
+    cfg = triton_configs.pick_config(m, n, k)
     outs = []
     for asm in (True, False):
         for _ in range(2):
             out = torch.empty(m, n, device=CUDA, dtype=torch.bfloat16)
-            lk.launch(x, packed, scales, s2, None, out, cfg, decode_asm=asm)
+            triton_kernel.launch(x, packed, scales, s2, None, out, dict(cfg, DECODE_ASM=asm))
             outs.append(out)
     assert all(torch.equal(outs[0], o) for o in outs[1:])
     for split in (1, 2, 8):
         out = torch.empty(m, n, device=CUDA, dtype=torch.bfloat16)
-        lk.launch(x, packed, scales, s2, None, out, {**cfg, "SPLIT_K": split})
+        triton_kernel.launch(x, packed, scales, s2, None, out, {**cfg, "SPLIT_K": split})
         torch.testing.assert_close(out, outs[0], rtol=2**-7, atol=1e-3)
 
 
@@ -395,115 +396,20 @@ def test_errors_on_cuda():
         nvfp4_linear(torch.randn(2, 64), packed, scales, s2)
 
 
-# Tile configurations the benchmark's --tune compares (and pick_config may choose): each
-# must compute the layer within the same bound as test_linear_matches_reference.
-TUNE_CONFIGS = [
-    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=8),
-    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=6, SPLIT_K=8),
-    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, SPLIT_K=8),
-    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=4),
-    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=8, num_stages=4, SPLIT_K=4),
-    dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, SPLIT_K=2),
-    dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, SPLIT_K=1),
-    dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=3, SPLIT_K=1),
-    dict(BLOCK_M=128, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, SPLIT_K=2),
-    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, num_warps=4, num_stages=4, SPLIT_K=8,
-         K_INTERLEAVE=True),
-    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=64, num_warps=4, num_stages=4, SPLIT_K=8,
-         K_INTERLEAVE=True),
-    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=256, num_warps=4, num_stages=3, SPLIT_K=4,
-         K_INTERLEAVE=True),
-    dict(BLOCK_M=16, BLOCK_N=256, BLOCK_K=128, num_warps=8, num_stages=4, SPLIT_K=4),
-    dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=256, num_warps=8, num_stages=3, SPLIT_K=2),
-    # small layers at more tokens: splits that are no power of two (masked K here), and
-    # the deep pipelines with 32-token tiles
-    dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=3, SPLIT_K=3),
-    dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, num_warps=4, num_stages=10, SPLIT_K=1),
-    dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, num_warps=4, num_stages=5, SPLIT_K=3),
-]
-
-
-@pytest.mark.parametrize("asm", [True, False])
-@pytest.mark.parametrize("cfg", TUNE_CONFIGS, ids=lambda c: "-".join(str(v) for v in c.values()))
-def test_linear_tile_configs(cfg, asm, _full_precision_reductions):
-    from libs.kernels.nvfp4 import linear_kernels as lk
-
-    for n, k, m in ((384, 2048, 1), (384, 2048, 16), (384, 2048, 100), (200, 2064, 3)):
-        packed, scales, s2 = make_weight(n, k, torch.bfloat16, seed=7)
-        w = reference.dequantize(packed, scales, s2, torch.float32).double()
-        x = torch.randn(m, k, device=CUDA, dtype=torch.bfloat16)
-        out = torch.full((m, n), float("nan"), device=CUDA, dtype=torch.bfloat16)
-        lk.launch(x, packed, scales, s2.to(CUDA), None, out, cfg, decode_asm=asm)
-        exact = x.double() @ w.T
-        mag = x.double().abs() @ w.abs().T
-        assert ((out.double() - exact).abs() <= (2.0**-8 + k * 2.0**-22) * mag + 1e-30).all()
-
-
-# fp16 at M = 256 with the wide 8-warp tile: where an earlier variant (x fed to the MMAs
-# from shared memory, since removed) raced on the H200. Both decodes must hold the bound.
+# fp16 at M = 256 with the wide 8-warp tile, split K: both decodes must hold the bound.
 @pytest.mark.parametrize("asm", [True, False])
 def test_linear_fp16_large_m_configs(asm, _full_precision_reductions):
-    from libs.kernels.nvfp4 import linear_kernels as lk
+    from libs.kernels.nvfp4 import triton_kernel
 
     n, k, m = 4096, 4096, 256
     packed, scales, s2 = make_weight(n, k, torch.float16, seed=n + k)
     w = reference.dequantize(packed, scales, s2, torch.float32).double()
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.float16).to(CUDA)
-    cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, SPLIT_K=4)
+    cfg = dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, num_warps=8, num_stages=4, SPLIT_K=4,
+               DECODE_ASM=asm)
     out = torch.full((m, n), float("nan"), device=CUDA, dtype=torch.float16)
-    lk.launch(x, packed, scales, s2.to(CUDA), None, out, cfg, decode_asm=asm)
+    triton_kernel.launch(x, packed, scales, s2.to(CUDA), None, out, cfg)
     exact = x.double() @ w.T
     mag = x.double().abs() @ w.abs().T
     bad = (out.double() - exact).abs() > (2.0**-11 + k * 2.0**-22) * mag + 1e-30
     assert not bad.any(), (int(bad.sum()), ((out.double() - exact).abs() / mag)[bad].max().item())
-
-
-def test_small_layers_pick_tiles_splits_and_pipelines():
-    # SmolLM2's layers. Up to 16 tokens (32 where K is 1536: few_tokens): 16-token tiles
-    # and K split into runs of at least two steps that divide K (576 is nine 64-wide
-    # steps), never past about four programs per SM. More tokens: K in runs of at most
-    # 576 (the fewest that divide the steps), every run's loads in flight at once
-    # (num_stages = steps + 1, capped at 10), and 32-token tiles where they still make 64
-    # tiles.
-    from libs.kernels.nvfp4 import linear_kernels as lk
-
-    for n, k in ((576, 576), (192, 576), (1536, 576), (576, 1536)):
-        for m in (1, 16, 17, 32, 33, 64, 128, 256):
-            cfg = lk.pick_config(m, n, k)
-            steps = k // cfg["BLOCK_K"]
-            split = cfg["SPLIT_K"]
-            tiles = -(-n // cfg["BLOCK_N"]) * -(-m // cfg["BLOCK_M"])
-            assert k % cfg["BLOCK_K"] == 0 and steps % split == 0, (n, k, m, cfg)
-            assert lk.few_tokens(m, n, k) == (m <= 16 or (m <= 32 and k == 1536))  # 108
-            if lk.few_tokens(m, n, k):
-                assert cfg["BLOCK_M"] == 16, (n, k, m, cfg)
-                assert split == 1 or (steps // split >= 2 and tiles * split <= 4 * 132)
-            else:
-                assert steps // split * cfg["BLOCK_K"] <= 576, (n, k, m, cfg)
-                assert all(steps % s or steps // s * cfg["BLOCK_K"] > 576
-                           for s in range(1, split)), (n, k, m, cfg)
-                assert cfg["num_stages"] == min(steps // split + 1, 10), (n, k, m, cfg)
-                wide = -(-n // 64) * -(-m // 32) >= 64
-                assert cfg["BLOCK_M"] == (32 if wide else 16), (n, k, m, cfg)
-
-    def tiles_split_stages(m, n, k):
-        cfg = lk.pick_config(m, n, k)
-        return cfg["BLOCK_M"], cfg["BLOCK_K"], cfg["SPLIT_K"], cfg["num_stages"]
-
-    assert tiles_split_stages(1, 576, 576) == (16, 64, 3, 4)
-    assert tiles_split_stages(256, 576, 576) == (32, 64, 1, 10)
-    assert tiles_split_stages(64, 576, 1536) == (16, 128, 3, 5)
-    assert tiles_split_stages(32, 576, 1536) == tiles_split_stages(16, 576, 1536) == (
-        16, 128, 6, 4)
-    assert not lk.few_tokens(17, 576, 1280) and not lk.few_tokens(17, 4096, 4096)
-    # 17-32 tokens at K = 1536 only where the few-token programs fit in one wave (768 rows:
-    # 12 x 2 tiles x 6 = 144); at K >= 2048 always
-    for n, k, m, few in ((960, 1536, 17, False), (640, 1536, 32, True), (768, 1536, 32, False),
-                         (1536, 2048, 32, True), (512, 2048, 17, True), (576, 1536, 33, False)):
-        assert lk.few_tokens(m, n, k) == few, (n, k, m)
-        if k == 1536 and m <= 32:
-            cfg = lk.pick_config(m, n, k) if few else lk.pick_config(16, n, k)
-            programs = -(-n // 64) * -(-m // 16) * lk._small_layer_split(
-                k // cfg["BLOCK_K"], -(-n // 64) * -(-m // 16), 132)
-            assert (programs <= 132) == few, (n, k, m, programs)
-    assert lk.pick_config(256, 4096, 4096)["BLOCK_M"] == 128  # large layers unchanged

@@ -2,8 +2,10 @@
 
 Every function validates its inputs here (see checks.py), then hands the work to an
 implementation chosen by `_impl`: the torch reference, which is bit-exact with ModelOpt's
-checkpoint export (see reference.py for what was matched), or for CUDA tensors with triton
-installed the Triton kernels, whose quantize/dequantize are bit-exact with the reference.
+checkpoint export (reference.py says what is matched), or for CUDA tensors with triton
+installed the Triton kernels, whose quantize/dequantize are bit-exact with the reference
+and whose linear is routed to one of several kernels (routing.py). docs/nvfp4.md describes
+the format, the kernels and how their numerics are checked.
 """
 
 import contextlib
@@ -30,7 +32,7 @@ __all__ = [
 ]
 
 # The CUDA path: a module with the same quantize/dequantize/linear signatures as
-# reference.py (Triton kernels; see triton_impl.py and linear_kernels.py).
+# reference.py (Triton kernels; see triton_impl.py and linear.py).
 _TRITON_MODULE = __name__ + ".triton_impl"
 
 

@@ -1,6 +1,6 @@
 """Input validation shared by every NVFP4 implementation.
 
-The public functions call these before dispatching, so the torch reference and a later
+The public functions call these before dispatching, so the torch reference and the
 Triton path reject the same inputs with the same messages, and the kernels themselves can
 assume well-formed tensors.
 

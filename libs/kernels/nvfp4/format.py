@@ -1,6 +1,6 @@
 """NVFP4 format constants, shared by the checks and every implementation.
 
-See /work/shared/docs/nvfp4-facts.md: value = e2m1(code) * fp32(e4m3 block scale) * s2.
+A value is e2m1(code) * fp32(e4m3 block scale) * s2 (docs/nvfp4.md).
 """
 
 BLOCK = 16  # elements per block scale, along the last (reduction) dimension

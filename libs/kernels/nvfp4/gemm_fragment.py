@@ -10,13 +10,13 @@ barriers, partitions) in gemm_kernel.py.
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from .gemv_kernel import _SCALE_ASM_BF16, _SCALE_ASM_F16, _halves, _word_scales
-from .linear_kernels import DECODE_BITS_BF16, DECODE_BITS_F16
+from .common import DECODE_BITS_BF16, DECODE_BITS_F16
+from .gluon_common import SCALE_ASM_BF16, SCALE_ASM_F16, halves, word_scales
 
 # PTX: one int32 word (bytes b0..b3), this thread's byte selector ($2 = 0xC480 + 0x1111 t
 # picks byte t) and its 16-bit block scale -> byte t's two weights (low nibble, high
 # nibble: K order) as packed 16-bit floats times the scale. The arithmetic of
-# linear_kernels' decode: prmt puts the nibble in place with its sign bit replicated
+# triton_kernel's decode: prmt puts the nibble in place with its sign bit replicated
 # above, shl and and keep sign, exponent and mantissa bits, the multiply rescales.
 _BYTE_ASM = """
 {{
@@ -35,7 +35,7 @@ _BYTE_ASM_F16 = gl.constexpr(_BYTE_ASM.format(**DECODE_BITS_F16))
 
 # PTX: a quad's four 16-bit scale pairs, packed two to a register in $4 and $5 (the same
 # in all four threads) -> all four converted ($0..$3): thread t converts pair t (prmt's
-# selector 0x10 + 0x22 t picks its two bytes) with gemv_kernel's _SCALE_ASM_* arithmetic
+# selector 0x10 + 0x22 t picks its two bytes) with gluon_common's SCALE_ASM_* arithmetic
 # and reads the others' results by shuffle.
 _SHARE_ASM = """
 {{
@@ -60,13 +60,13 @@ shfl.sync.idx.b32 $3, v, src, 0x1f, 0xffffffff;
 
 
 def _share(scale_asm: gl.constexpr) -> gl.constexpr:
-    """_SHARE_ASM around one of gemv_kernel's conversions ($1 -> $0 there)."""
+    """_SHARE_ASM around one of gluon_common's conversions ($1 -> $0 there)."""
     return gl.constexpr(_SHARE_ASM.format(
         convert=scale_asm.value.replace("$1", "own").replace("$0", "v")))
 
 
-_SHARE_ASM_BF16 = _share(_SCALE_ASM_BF16)
-_SHARE_ASM_F16 = _share(_SCALE_ASM_F16)
+_SHARE_ASM_BF16 = _share(SCALE_ASM_BF16)
+_SHARE_ASM_F16 = _share(SCALE_ASM_F16)
 
 
 @gluon.jit
@@ -77,21 +77,21 @@ def read_step(w_slot, s_slot, j: gl.constexpr, dtype: gl.constexpr, SHARE: gl.co
 
     The four threads of a quad hold the same two rows' four scale pairs. With SHARE each
     converts one (six instructions a pair in bf16) and warp shuffles hand the results
-    round; without, each converts all four (gemv_kernel._word_scales), which measured
-    faster where two programs share an SM (8192 x 28672 at M = 64: 74.6 against 76.6 us)."""
+    round; without, each converts all four (gluon_common.word_scales), which is faster
+    where two programs share an SM."""
     NW: gl.constexpr = L3.shape[2]
     NP: gl.constexpr = L3P.shape[2]
     words = w_slot.slice(j * NW, NW, dim=1).load(gl.SliceLayout(1, L3))
     pairs = s_slot.slice(j * NP, NP, dim=1).load(gl.SliceLayout(1, L3P))
     if not SHARE:
-        return words, _word_scales(pairs, NW, dtype, gl.SliceLayout(1, L3))
+        return words, word_scales(pairs, NW, dtype, gl.SliceLayout(1, L3))
     if dtype == gl.bfloat16:
         share_asm: gl.constexpr = _SHARE_ASM_BF16
     else:
         share_asm: gl.constexpr = _SHARE_ASM_F16
     conv = gl.inline_asm_elementwise(share_asm, "=r,=r,=r,=r,r,r", [pairs],
                                      dtype=gl.int32, is_pure=True, pack=4)
-    scale = gl.reshape(_halves(conv, dtype), [words.shape[0], NW // 2])  # per block
+    scale = gl.reshape(halves(conv, dtype), [words.shape[0], NW // 2])  # per block
     scale = gl.reshape(gl.join(scale, scale), [words.shape[0], NW])  # per word
     return words, gl.convert_layout(scale, gl.SliceLayout(1, L3), assert_trivial=True)
 
@@ -117,7 +117,7 @@ def decode_fragment(words, sc, dtype: gl.constexpr, L3: gl.constexpr, A_L: gl.co
     w3, _ = gl.broadcast(gl.expand_dims(words, 1), t)
     p = gl.inline_asm_elementwise(byte_asm, "=r,r,r,h", [w3, 0xC480 + 0x1111 * t3, sc3],
                                   dtype=gl.int32, is_pure=True, pack=1)
-    w = gl.permute(_halves(p, dtype), (0, 2, 1, 3))  # [row, word, t, e]: K = 8 word + 2t + e
+    w = gl.permute(halves(p, dtype), (0, 2, 1, 3))  # [row, word, t, e]: K = 8 word + 2t + e
     return gl.convert_layout(gl.reshape(w, [BN, 8 * NW]), A_L, assert_trivial=True)
 
 

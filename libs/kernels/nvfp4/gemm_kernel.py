@@ -1,7 +1,7 @@
 """NVFP4 weight-only linear for many tokens in Gluon: Hopper's wgmma fed from registers.
 
-At a few hundred tokens the linear is tensor-core work. linear_kernels' Triton kernel runs
-at about half of torch's bf16 matmul there: Triton 3.6 can only issue a wgmma whose
+At a few hundred tokens the linear is tensor-core work. The Triton kernel (triton_kernel.py)
+runs at about half of torch's bf16 matmul there: Triton can only issue a wgmma whose
 register operand it then waits for, so decode and MMA take turns. Here (Gluon's
 warp_specialize, 6 warps) they overlap:
 
@@ -32,17 +32,11 @@ so no x box reaches past M; and where a few tokens past whole 256-token tiles wo
 wave of their own, they run as a second launch in their own config. Which config a call
 gets, and those two rules, are plain host code in gemm_configs.py.
 
-Measured on an H200 (docs/notes/nvfp4-triton.md, sessions `gemm-registers` and
-`gemm-lookahead`), 8192 x 28672: M = 256 in 154-155 us against 171-175 us for torch's
-bf16 matmul (which varies that much from run to run) and ~313 us for the Triton kernel;
-M = 64 in 75 us against 128-142 us (torch) and 112 us (Triton); M = 128 in 102 us
-against 127-139 us. 4096 x 4096 at M = 256: 17.1-17.4 us against torch's 17.3-18.2 us.
-There one MMA warp per scheduler issuing the decode (135 instructions a step, ~0.35 a
-cycle) is what bounds a step, not the 256 cycles of its wgmmas nor L2 (31% busy). On the
-large layers what remains is mostly the x tile: 32 KB per step from L2, read once more by
-wgmma; an earlier design's MMA side alone, with no decode at all, took 136 us there.
+What bounds a step on 4096 x 4096 is the one MMA warp per scheduler issuing the decode
+(135 instructions a step), not the 256 cycles of its wgmmas nor L2; on the large layers
+it is mostly the x tile: 32 KB per step from L2, read once more by wgmma.
 
-Numerics equal linear_kernels' (same exact decoded weights, fp32 accumulation, s2 and the
+Numerics equal triton_kernel's (same exact decoded weights, fp32 accumulation, s2 and the
 power of two in the epilogue).
 """
 
@@ -58,12 +52,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from .common import DECODE, split_workspace, tile_counters
 from .gemm_configs import first_slots_early, fits, head_config, needs_pad, shifts
-from .gemm_configs import pick_config as pick_config  # the route asks this module
 from .gemm_fragment import acc_layout, decode_fragment, quads, read_step
 from .grid import cdiv
 from .launch_cache import Launch, LaunchCache
-from .linear_kernels import _DECODE, _tile_counters, split_workspace
 
 
 @gluon.jit
@@ -75,12 +68,10 @@ def _mma_partition(w_ring, s_ring, w_ready, w_empty, x_bufs, ready, empty, k_ste
 
     With LOOKAHEAD (one program per SM) each step's words and scales are read from shared
     memory, and the scales converted, before the previous step's decode, which then hides
-    their latency; the quad shares the scale conversions (read_step). 4096 x 4096 at
-    M = 256: 17.3 against 18.2 us with neither. (Reading a slot's first step before the
-    previous slot's last made the wait for the slot hold up that step's wgmma instead of
-    running beside it: 18.3 us.) Where two programs share an SM, the other program hides
-    that latency and both cost more than they bring (8192 x 28672 at M = 64: 78.0 against
-    74.6 us)."""
+    their latency; the quad shares the scale conversions (read_step). The slot's first step
+    is read only after the previous slot's last: read earlier, the wait for the slot would
+    hold up that step's wgmma instead of running beside it. Where two programs share an SM, the
+    other program hides that latency and LOOKAHEAD costs more than it brings."""
     S: gl.constexpr = ready.shape[0]
     XG: gl.constexpr = x_bufs.shape[0] // S  # steps per x slot
     BM: gl.constexpr = x_bufs.shape[1]
@@ -187,10 +178,8 @@ def _x_load_partition(x_desc, x_bufs, ready, empty, off_m, k_first, k_steps,
 def _first_slots(w_desc, s_desc, x_desc, w_ring, s_ring, x_bufs, w_ready, ready, off_n, off_m,
                  k_first):
     """Issue the first weight slot and the first x slot by TMA, from the prologue: the
-    loader partitions get to theirs ~0.55 us after the program starts (the barriers'
-    setup and warp_specialize's start), and the first weights' DRAM latency (~1.1 us)
-    then starts that much later (timeline on an H200, 4096 x 4096 at M = 256:
-    docs/notes/bench/gemm_timeline.json)."""
+    loader partitions get to theirs only after the barriers' setup and warp_specialize's
+    start, and the first weights' DRAM latency would start that much later."""
     G: gl.constexpr = w_ring.shape[2] // (x_bufs.shape[2] // 8)  # steps per weight slot
     _load_weight_slot(w_desc, s_desc, w_ring, s_ring, w_ready, 0, off_n, k_first // G)
     _load_x_slot(x_desc, x_bufs, ready, 0, off_m, k_first)
@@ -314,25 +303,12 @@ def _gemm_kernel(
                         off_n, off_m, HAS_BIAS, OUT_LOG2, SPLIT_K, ACC)
 
 
-def tma_ready(t: torch.Tensor) -> bool:
-    """Whether a 2-D tensor makes a TMA descriptor: 16-byte aligned base and row stride,
-    unit stride along the row."""
-    return (t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
-            and t.stride(-1) == 1)
-
-
-def viewable(x2: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor,
-             out: torch.Tensor) -> bool:
-    """Whether x, the packed weights, their scales and out all make TMA descriptors."""
-    return all(tma_ready(t) for t in (x2, packed, scales, out))
-
-
 def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias) with cfg = dict(BN, BM, BK, G, STAGES (x
-    slots), W_STAGES, SPLIT_K, and optionally X_STEPS (steps per x slot, default 1),
-    maxnreg (default 232), PAD_X), or such a config with HEAD and REST
-    (gemm_configs.whole_tiles_first):
-    two launches; requires fits() and viewable()."""
+    slots), W_STAGES, SPLIT_K, maxnreg and optionally X_STEPS (steps per x slot, default
+    1) and LOOKAHEAD: gemm_configs.pick_config's), or such a config with HEAD and REST
+    (gemm_configs.whole_tiles_first): two launches; requires fits() and x, the packed
+    weights, their scales and out all TMA-readable (common.tma_ready)."""
     m, k = x2.shape
     if "REST" in cfg:
         h = cfg["HEAD"]
@@ -340,14 +316,9 @@ def launch(x2, packed, scales, s2, bias, out, cfg):
         launch(x2[h:], packed, scales, s2, bias, out[h:], cfg["REST"])
         return out
     if needs_pad(m, cfg):
-        # Whole token tiles: x boxes reaching past M (TMA fills them with zeros) measured
-        # slow in 128- and 256-token tiles (8192 x 28672: M = 80 162 us unpadded against
-        # 103 us padded, M = 192 242 against 168) but not in smaller ones (M = 17 in 32:
-        # 67 against 72 us). The pad rows' outputs are never stored: they need no values.
-        # Past one tile the last tile moves back to end at M instead (shifts), which also
-        # saves the copy: 4096 x 4096 at M = 200 17.4 against 19.1 us, M = 1000 48.9
-        # against 53.5; 576 x 1536 at M = 1000 8.4 against 10.5 (docs/notes/bench/
-        # gemm_shift_ab.json).
+        # Whole token tiles: x boxes reaching past M (TMA fills them with zeros) are slow in
+        # 128- and 256-token tiles (gemm_configs.needs_pad). The pad rows' outputs are never
+        # stored: they need no values.
         padded = x2.new_empty(cdiv(m, cfg["BM"]) * cfg["BM"], k)
         padded[:m].copy_(x2)
         x2 = padded
@@ -417,7 +388,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
     if split > 1:
         tiles = grid[0] * grid[1]
         ws = split_workspace(x2.device, split * tiles * bn * bm, shared_ws)
-        cnt = _tile_counters(x2.device, 2 * tiles)
+        cnt = tile_counters(x2.device, 2 * tiles)
     else:
         ws = cnt = s2  # never read
     # s2 stands in for a missing bias (never read), so a bound launch keeps no output
@@ -426,12 +397,12 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
         (make_x(x2), w_desc, s_desc, make_out(out), s2, bias if bias is not None else s2,
          ws, cnt, n, k // (bk * split), m),
         dict(HAS_BIAS=bias is not None, STAGES=cfg["STAGES"], X_STEPS=cfg.get("X_STEPS", 1),
-             W_STAGES=cfg["W_STAGES"], OUT_LOG2=_DECODE[x2.dtype][1], SPLIT_K=split,
+             W_STAGES=cfg["W_STAGES"], OUT_LOG2=DECODE[x2.dtype][1], SPLIT_K=split,
              LOOKAHEAD=cfg.get("LOOKAHEAD", False), SHIFT=shifts(m, cfg),
              PRE=int(first_slots_early(k // (bk * split)))),  # an int: loops start at it
         # 6 warps (4 + two loaders), launched as 8: 232 registers -> 59.4K, one program
         # per SM; 128 -> two
-        dict(num_warps=4, maxnreg=cfg.get("maxnreg", 232)),
+        dict(num_warps=4, maxnreg=cfg["maxnreg"]),
         make_x, make_out,
     )
 

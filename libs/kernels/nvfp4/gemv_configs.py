@@ -1,7 +1,7 @@
 """Which config gemv_kernel.py's GEMV runs a call with: whether a call fits a config (fits),
 the tile, K split or K slices and x staging a call gets (pick_config), and the rules under
 it (_split, _even_rows). Plain Python on ints and dicts, without Triton, so these rules are
-tested everywhere (tests/kernels/test_nvfp4_gemv_configs.py), as gemm_configs.py's are.
+tested everywhere (tests/kernels/test_nvfp4_routing.py).
 """
 
 from .grid import cdiv
@@ -10,39 +10,22 @@ X_SMEM_CHUNKS = 64  # x staged per program: at most 16 KB of bf16 at 128 element
 
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
-    """The config for an [m, k] x [n, k]^T product, or None where linear_kernels' Triton
-    kernel is used instead: more than 8 tokens, layers under 2^23 weights, K not a
-    multiple of 128. From `python -m bench.nvfp4_kernels_bench --linear-only --tune
-    --tune-m 1` and sweeps of the same configs on more shapes on an H200
-    (docs/notes/nvfp4-triton.md, sessions `gluon-gemv`, `gemv-slices` and `two-gpus`):
+    """The config for an [m, k] x [n, k]^T product, or None where another kernel runs:
+    more than 8 tokens, layers under 2^23 weights, K not a multiple of 128.
     - one token on 2048 to 4096 rows with K up to 4096, or up to 8192 where the staged-x
-      form below would split K fewer than 8 ways: K split across the warps of a
-      program (SLICES), 8 warps where K makes 8 slices of four-chunk groups, else 4; 16
-      rows a program, or 32 from 3072 rows where each slice is one group: 4096 x 4096 in
-      7.1 against 8.1 us for the split-K form, 2048 x 4096 5.1 against 6.3 (and 7.0 / 4.9
-      against 7.5 / 6.1 for the staged-x form below). Against the rule before it (16
-      rows a program, 4 warps at 4096 rows; session `wide-slices`, five rounds, us):
-      3072 x 4096 6.13 against 6.44, 4096 x 2048 4.45 against 4.51, 4096 x 4096
-      6.63-6.70 against 6.71-6.79; 32 rows on 4 warps at K = 6144 took 10.57 against 8.75.
-      At K = 8192 the staged-x form splits 8 or 16 ways and is as fast or faster (session
-      `s2-early`, us): 4096 x 8192 9.48 against 10.72, 3072 x 8192 8.35 against 10.38,
-      2048 x 8192 7.18 against 7.19; at 6144 it splits 4 ways and is slower: 4096 x 6144
-      9.04 against 8.70, 2048 x 6144 7.31 against 6.68;
+      form below would split K fewer than 8 ways: K split across the warps of a program
+      (SLICES), 8 warps where K makes 8 slices of four-chunk groups, else 4; 16 rows a
+      program, or 32 from 3072 rows where each slice is one group (longer slices run
+      slower at 32 rows). One in-program reduction replaces the split-K workspace;
     - other single tokens: x staged in shared memory (X_SMEM), 64 rows on 4 warps a
       program, K split until there are about four programs per SM, and fewer rows a
-      program where that evens out the SMs (_even_rows). Against the form
-      before it (128 rows, 8 warps, x from global memory; three interleaved rounds, us):
-      8192 x 28672 41.1 against 45.6, 28672 x 8192 43.0 against 47.1, 8192 x 8192 15.8
-      against 17.3, 14336 x 4096 14.9 against 16.4, 4096 x 14336 16.6 against 17.7
-      (slices), 1024 x 8192 6.1 against 6.5, 11008 x 4096 13.1 against 16.3;
+      program where that evens out the SMs (_even_rows);
     - two to 8 tokens: 128 rows on 8 warps per program and K split until there are about
-      two programs (16 warps) per SM; 16 tokens (two MMA columns of 8) measured slower
-      than the Triton kernel;
+      two programs (16 warps) per SM; 16 tokens (two MMA columns of 8) would be slower
+      than the Triton kernel, which takes them;
     - K in whole chunks of 128 but not whole four-chunk groups per split (RAGGED, e.g.
-      11008 = 86 chunks): uneven splits by the same rule, their last group partly masked.
-      Against the Triton kernel in the same run: 4096 x 11008 at M = 1 14.8 against 16.0
-      us, at M = 8 16.6 against 18.1, 8192 x 11008 24.8 against 26.0, 2048 x 5504 8.0
-      against 9.4 (torch 28.7 / 29.0 / 46.2 / 11.2)."""
+      Llama-2's 11008 = 86 chunks): uneven splits by the same rule, their last group
+      partly masked."""
     if m > 8 or n * k < 2**23:
         return None
     if m == 1:
@@ -54,7 +37,7 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
                 staged is None or k <= 4096 or staged["SPLIT_K"] < 8):
             for w in (8, 4):
                 # 32 rows a program where that leaves 96 programs or more and each warp's
-                # slice is one four-chunk group (longer slices ran 20% slower at 32 rows)
+                # slice is one four-chunk group (longer slices run slower at 32 rows)
                 rows = 32 if n >= 3072 and k == 4 * 128 * w else 16
                 cfg = dict(BN=rows * w, BM=8, NBYTES=16, SPLIT_K=1, SLICES=w, num_warps=w)
                 if fits(m, k, cfg):
@@ -74,12 +57,8 @@ def _even_rows(cfg: dict, n: int, sms: int) -> dict:
     programs on some SMs and three on others: the grid then fills all four program slots
     of every SM with programs of fewer bytes each, so the busiest SMs read less. The spare
     rows are still decoded (and dropped), so where no SM had four programs this would add
-    work, and the rule leaves those grids alone. Bit-equal outputs (each output row's sum
-    is the same); one H200, five interleaved rounds, us (docs/notes/nvfp4-triton.md,
-    session `read-floor`): 28672 x 8192 40.8 against 42.1 (448 -> 522 programs, 55 rows), 26624 x
-    8192 40.5 against 41.8, 14336 x 4096 14.1 against 14.4, 8192 x 14336 21.9 against 22.2,
-    8192 x 28672 39.1 against 39.2 (512 -> 524, 63 rows); from three programs a SM to four
-    it lost 12-21% (24576 x 8192 with 47 rows 40.7 against 34.4)."""
+    work, and the rule leaves those grids alone. Outputs are bit-equal (each output row's
+    sum is the same)."""
     programs = cdiv(n, cfg["BN"]) * cfg["SPLIT_K"]
     if 3 * sms < programs < 4 * sms:
         rows = cdiv(n, 4 * sms // cfg["SPLIT_K"])

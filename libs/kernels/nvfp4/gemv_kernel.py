@@ -1,42 +1,34 @@
 """NVFP4 weight-only linear for a few tokens in Gluon, on `mma.sync` tensor cores.
 
-nvfp4_linear uses it for at most 8 tokens on layers of at least 2^23 weights with K a
-multiple of 128 (gemv_configs.pick_config); everything else takes linear_kernels' Triton kernel.
+The routing table (routing.py) sends it at most 8 tokens on layers of at least 2^23
+weights with K a multiple of 128 (gemv_configs.pick_config).
 
-Why a second kernel: the Triton one uses Hopper's warpgroup MMA, whose A operand lives in
-registers that Triton 3.6 can only reuse after a synchronous wait, so each K step pays
-barrier + decode + MMA-chain latency in series (~60 us at M = 1 on 8192 x 28672, where the
-bytes allow ~33 us). Gluon (Triton's explicit-layout language) lets every register's owner
-be chosen, so here:
+Why a kernel of its own: the Triton kernel uses Hopper's warpgroup MMA, whose A operand
+lives in registers that Triton can only reuse after a synchronous wait, so each K step pays
+barrier + decode + MMA-chain latency in series. Gluon (Triton's explicit-layout language)
+lets every register's owner be chosen, so here:
 
 - each warp owns 16 * R weight rows and runs Ampere-style `mma.sync.m16n8k16` on them: a
   warp-local instruction with no barrier, no shared memory and no wait;
 - the weights go from global memory straight into registers (int32 words, so they are
-  never split into bytes) and are decoded there with linear_kernels' inline-PTX decode;
-  four K chunks of weights and scales are in flight per warp, x one chunk ahead; the
-  words are loaded evict_first, as they are read once (_load_words: ~5% on 8192 x 28672),
-  with an L2 prefetch size of 128 bytes, a row's next chunk (L2_PREFETCH: 1-4%);
+  never split into bytes) and are decoded there with the shared inline-PTX decode
+  (gluon_common); four K chunks of weights and scales are in flight per warp, x one chunk
+  ahead; the words are loaded evict_first, as they are read once (_load_words), with an
+  L2 prefetch size of 128 bytes, a row's next chunk (gluon_common.L2_PREFETCH);
 - the e4m3 block scales are converted two at a time (`cvt.rn.f16x2.e4m3x2`);
 - for one token (X_SMEM) a program first copies its split's x (at most 16 KB) into shared
   memory by cp.async, issues its first weight loads, waits for x and reads each chunk
-  from there: x loaded from global memory one chunk ahead waited behind the weight
-  stream (session `two-gpus`: 8192 x 28672 at M = 1 in 41.1 against 45.6 us, with 64-row
-  programs on 4 warps).
+  from there: x loaded from global memory one chunk ahead would wait behind the weight
+  stream.
 
 Long rows are split in K across programs (SPLIT_K), the last program of a tile summing the
 partials from a workspace. For one token on mid-sized layers the split is inside the
 program instead (SLICES): each warp takes one K slice of the same 16 rows, and x's slices
-ride in the MMA's 8 columns (at M = 1 seven of them were idle), so warp j's accumulator
-column j is its slice's partial sum. One in-program reduction replaces the workspace
-round trip and the atomic counter: 4096 x 4096 at M = 1 in 7.1 against 8.0 us (session
-`gemv-slices`). K that is not whole four-chunk groups per split (Llama-2's 11008) splits
-unevenly, the chunks past a split's end loaded as zeros (RAGGED).
-
-Measured on an H200 (docs/notes/nvfp4-triton.md, sessions `gluon-gemv`, `two-gpus`,
-`evict-first`): 8192 x 28672 at M = 1 in ~39 us against ~60 for the Triton kernel and
-~110-131 for torch's bf16 GEMV. Probes with parts of the loop's loads left out (session
-`two-gpus`): decode and MMAs alone 22 us, without x's loads 39-41, without the scales'
-42-43, all 46; a bare read of the words in this pattern and grid 30 us.
+ride in the MMA's 8 columns (at M = 1 seven of them would be idle), so warp j's
+accumulator column j is its slice's partial sum. One in-program reduction replaces the
+workspace round trip and the atomic counter. K that is not whole four-chunk groups per
+split (Llama-2's 11008) splits unevenly, the chunks past a split's end loaded as zeros
+(RAGGED).
 
 Register layouts (the crux). A thread (lane = 4g + t) of mma.m16n8k16 holds A's rows g and
 g + 8 at MMA K indices {2t, 2t+1, 2t+8, 2t+9}, and B's column g at the same K indices. Thread
@@ -50,7 +42,7 @@ moves between threads: the Gluon reshape/permute below only renames registers, c
 compile time by `convert_layout(..., assert_trivial=True)`. x is reordered the same way,
 and since each of its pairs is two neighbours in memory, that too only renames registers.
 
-Numerics are those of linear_kernels (same decode, fp32 accumulation, s2 in the epilogue).
+Numerics are those of triton_kernel (same decode, fp32 accumulation, s2 in the epilogue).
 """
 
 import functools
@@ -60,17 +52,19 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from .common import DECODE, split_workspace, tile_counters
 from .gemv_configs import fits
-from .gemv_configs import pick_config as pick_config  # the route asks this module
+from .gluon_common import (
+    L2_PREFETCH,
+    NATURAL_ASM_BF16,
+    NATURAL_ASM_F16,
+    halves,
+    load_s2_bias,
+    word_scales,
+    words_load_asm,
+)
 from .grid import cdiv
 from .launch_cache import Launch, LaunchCache
-from .linear_kernels import (
-    _DECODE,
-    DECODE_BITS_BF16,
-    DECODE_BITS_F16,
-    _tile_counters,
-    split_workspace,
-)
 
 
 def _log2(v: int) -> int:
@@ -84,7 +78,8 @@ def layouts(bn: int, bm: int, num_warps: int, nbytes: int):
     two blocks' e4m3 bytes), x [bm, 8*nbytes], MMA accumulator) layouts; see the module
     docstring. Thread (g, t) holds rows g, g + 8 (and those + 16 * num_warps * i) of its warp's
     16, and the t-th quarter of each row's chunk."""
-    assert nbytes in (16, 32), nbytes  # whole scale pairs per thread
+    # gemv_configs' tiles: 16 bytes of a row a thread (whole scale pairs), 8 MMA columns
+    assert nbytes == 16 and bm == 8, (nbytes, bm)
     w = num_warps
     rows_rep = [[16 * w << i, 0] for i in range(_log2(bn // (16 * w)))]
     warp_rows = [[16 << i, 0] for i in range(_log2(w))]
@@ -97,92 +92,11 @@ def layouts(bn: int, bm: int, num_warps: int, nbytes: int):
             warp_bases=warp_rows, block_bases=[], shape=[bn, 4 * n])
 
     xl = gl.DistributedLinearLayout(
-        reg_bases=[[0, 1 << i] for i in range(_log2(2 * nbytes))] + ([[8, 0]] if bm == 16 else []),
+        reg_bases=[[0, 1 << i] for i in range(_log2(2 * nbytes))],
         lane_bases=[[0, 2 * nbytes], [0, 4 * nbytes]] + g_lanes,
         warp_bases=[[0, 0]] * _log2(w), block_bases=[], shape=[bm, 8 * nbytes])
     mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[w, 1], instr_shape=[16, 8])
     return per_thread(nbytes // 4), per_thread(nbytes // 16), xl, mma
-
-
-# PTX: an int16 holding two e4m3 block scales -> the two scales as packed 16-bit floats,
-# pre-multiplied by 2^SCALE_LOG2 (exact: e4m3 has 3 mantissa bits). Hopper converts e4m3
-# pairs to f16 pairs in one instruction.
-_SCALE_ASM_BF16 = gl.constexpr("""
-{
-.reg .b32 h;
-.reg .b16 l, u;
-.reg .f32 a, b;
-cvt.rn.f16x2.e4m3x2 h, $1;
-mov.b32 {l, u}, h;
-cvt.f32.f16 a, l;
-cvt.f32.f16 b, u;
-mul.f32 a, a, 0f7A000000;
-mul.f32 b, b, 0f7A000000;
-cvt.rn.bf16x2.f32 $0, b, a;
-}
-""")  # 0f7A000000 = 2^117
-_SCALE_ASM_F16 = gl.constexpr("""
-{
-.reg .b32 h, c;
-mov.b32 c, 0x58005800;
-cvt.rn.f16x2.e4m3x2 h, $1;
-mul.rn.f16x2 $0, h, c;
-}
-""")  # 0x5800 = 2^7 in f16
-
-
-def word_asm(prmts: tuple[tuple[str, str, str], ...], bits: dict) -> str:
-    """PTX: one int32 word $4 of 4 bytes b0..b3 and its block scale $5 (16-bit,
-    pre-multiplied) -> four packed 16-bit pairs $0..$3, each weight times the scale:
-    linear_kernels' decode (same instructions, same values) on a whole word, so the word
-    never has to be split into bytes. Pair i comes from `prmt.b32 p, a, b, selector` with
-    prmts[i] = (a, b, selector): sources "w4" (the word shifted left by 4: low nibbles in
-    each byte's top half), "$4" (the word) or "z" (zero); then one shift, one mask and one
-    multiply. The selectors choose which nibbles pair up."""
-    uses_z = any("z" in (a, b) for a, b, _ in prmts)
-    lines = [".reg .b32 z, w4, p, s;" if uses_z else ".reg .b32 w4, p, s;"]
-    lines += ["mov.b32 z, 0;"] if uses_z else []
-    lines += ["mov.b32 s, {$5, $5};", "shl.b32 w4, $4, 4;"]
-    for i, (a, b, sel) in enumerate(prmts):
-        lines += [f"prmt.b32 p, {a}, {b}, {sel};", f"shl.b32 p, p, {bits['sh']};",
-                  f"and.b32 p, p, {bits['mask']};", f"mul.rn.{bits['ty']}x2 ${i}, p, s;"]
-    return "\n{\n" + "\n".join(lines) + "\n}\n"
-
-
-# The word decode with the word shifted left by 4 (w4) and the word itself as prmt's two
-# sources, so each output register pairs byte j's low nibble (from w4) with its high nibble
-# (from the word): (lo b0, hi b0), (lo b1, hi b1), .. are consecutive K, so x's pairs are
-# its memory pairs and need no re-pairing (small_kernel decodes the same way). The same
-# bits per nibble, so the same values as the (lo b0, lo b1) pairing this kernel had first
-# (which cost one prmt per x register: 8192 x 28672 at M = 1 in 45.9 against 46.4 us).
-NATURAL_PRMTS = (("w4", "$4", "0xC480"), ("w4", "$4", "0xD591"), ("w4", "$4", "0xE6A2"),
-                 ("w4", "$4", "0xF7B3"))
-NATURAL_ASM_BF16 = gl.constexpr(word_asm(NATURAL_PRMTS, DECODE_BITS_BF16))
-NATURAL_ASM_F16 = gl.constexpr(word_asm(NATURAL_PRMTS, DECODE_BITS_F16))
-
-
-@gluon.jit
-def _halves(pair, dtype: gl.constexpr):
-    """int32 [...] holding two 16-bit floats -> dtype [..., 2] (low half first)."""
-    lo = pair.to(gl.int16)
-    hi = (pair >> 16).to(gl.int16)
-    return gl.join(lo, hi).to(dtype, bitcast=True)
-
-
-@gluon.jit
-def _word_scales(sp, NW: gl.constexpr, dtype: gl.constexpr, WL: gl.constexpr):
-    """int16 scale pairs [BN, NW / 4] (two blocks' e4m3 bytes) -> each int32 word's block
-    scale [BN, NW] in dtype, pre-multiplied (_SCALE_ASM_*), in the words' layout WL."""
-    BN: gl.constexpr = sp.shape[0]
-    if dtype == gl.bfloat16:
-        scale_asm: gl.constexpr = _SCALE_ASM_BF16
-    else:
-        scale_asm: gl.constexpr = _SCALE_ASM_F16
-    pairs = gl.inline_asm_elementwise(scale_asm, "=r,h", [sp], dtype=gl.int32, is_pure=True,
-                                      pack=1)
-    scale = gl.reshape(_halves(pairs, dtype), [BN, NW // 2])  # per 16-weight block
-    scale = gl.reshape(gl.join(scale, scale), [BN, NW])  # per word
-    return gl.convert_layout(scale, WL, assert_trivial=True)
 
 
 @gluon.jit
@@ -197,14 +111,14 @@ def _mma_step(wd, sp, xt, acc, WL: gl.constexpr, MMA: gl.constexpr):
         word_asm: gl.constexpr = NATURAL_ASM_BF16
     else:
         word_asm: gl.constexpr = NATURAL_ASM_F16
-    scale = _word_scales(sp, NW, dtype, WL)
+    scale = word_scales(sp, NW, dtype, WL)
     p0, p1, p2, p3 = gl.inline_asm_elementwise(
         word_asm, "=r,=r,=r,=r,r,h", [wd, scale],
         dtype=(gl.int32, gl.int32, gl.int32, gl.int32), is_pure=True, pack=1)
     # register j = i1 + 2 i2 of word (t, q) holds byte j's nibbles e: [row, t, q, e, i1, i2]
     # -> MMA K index (q, i2, i1, t, e)
-    w = gl.join(gl.join(_halves(p0, dtype), _halves(p1, dtype)),
-                gl.join(_halves(p2, dtype), _halves(p3, dtype)))  # [BN, NW, e, i1, i2]
+    w = gl.join(gl.join(halves(p0, dtype), halves(p1, dtype)),
+                gl.join(halves(p2, dtype), halves(p3, dtype)))  # [BN, NW, e, i1, i2]
     w = gl.reshape(w, [BN, 4, Q, 2, 2, 2])
     w = gl.reshape(gl.permute(w, (0, 2, 5, 4, 1, 3)), [BN, 8 * NW])
     w = gl.convert_layout(w, gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2),
@@ -215,18 +129,6 @@ def _mma_step(wd, sp, xt, acc, WL: gl.constexpr, MMA: gl.constexpr):
                           gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2),
                           assert_trivial=True)
     return mma_v2(w, x, acc)
-
-
-@gluon.jit
-def _load_s2_bias(s2_ptr, bias_ptr, rows, N, HAS_BIAS: gl.constexpr):
-    """The epilogue's global operands: s2, and the bias of `rows` in fp32 (without a bias,
-    s2 stands in for it and is never read as one)."""
-    s2 = gl.load(s2_ptr)
-    if HAS_BIAS:
-        bias = gl.load(bias_ptr + rows, mask=rows < N, other=0.0).to(gl.float32)
-    else:
-        bias = s2
-    return s2, bias
 
 
 @gluon.jit
@@ -243,7 +145,7 @@ def _store_scaled(acc, rows, toks, s2, bias, out_ptr, N, M, stride_om,
 @gluon.jit
 def _store(acc, rows, toks, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
            HAS_BIAS: gl.constexpr, OUT_LOG2: gl.constexpr):
-    s2, bias = _load_s2_bias(s2_ptr, bias_ptr, rows, N, HAS_BIAS)
+    s2, bias = load_s2_bias(s2_ptr, bias_ptr, rows, N, HAS_BIAS)
     _store_scaled(acc, rows, toks, s2, bias, out_ptr, N, M, stride_om, HAS_BIAS, OUT_LOG2)
 
 
@@ -359,12 +261,10 @@ def _stage_x(x_ptr, k_iters, KCS: gl.constexpr, XS: gl.constexpr):
     """One token's x over k_iters chunks of XS (a multiple of 4) from x_ptr into shared
     memory [KCS, XS] by cp.async: every copy in flight at once, no registers held. The
     caller issues the weights' first loads next and waits (_wait_x) only before x's first
-    use. Why shared memory: x read from global memory one chunk ahead cost the M = 1 GEMV
-    ~4 us of 8192 x 28672's 46 (its loads wait behind the weight stream), where the whole
-    of x for a split is 14 KB. Why cp.async: x staged through registers in batches, each
-    stored before the weights' first loads were issued, made the start a latency or two
-    longer (session `timelines`, same run, us: 4096 x 14336 16.1 against 17.0, 1024 x 8192
-    5.7 against 6.0, 11008 x 4096 13.0 against 13.5, 8192 x 28672 39.0 against 39.2)."""
+    use. Why shared memory: x read from global memory one chunk ahead waits behind the
+    weight stream, where the whole of x for a split is at most 16 KB. Why cp.async: x
+    staged through registers, each batch stored before the weights' first loads are
+    issued, makes the start a latency or two longer."""
     NW: gl.constexpr = gl.num_warps()
     # 16-byte copies where x fills them (KCS * XS is at least 512 elements); cp.async
     # copies 4 bytes at the least, two of x's 16-bit elements: 8 warps at most at KCS 4
@@ -385,7 +285,7 @@ def _stage_x(x_ptr, k_iters, KCS: gl.constexpr, XS: gl.constexpr):
 @gluon.jit
 def _wait_x():
     """Wait for _stage_x's copies. The first barrier keeps the weights' loads issued before
-    it ahead of the wait (without it they were compiled after the wait); the second makes
+    it ahead of the wait (without it they compile after the wait); the second makes
     every thread's copies visible to all."""
     gl.thread_barrier()
     async_copy.wait_group(0)
@@ -408,30 +308,15 @@ def _x_chunk(ptrs, x_sm, chunk, c0, end, RAGGED: gl.constexpr, XL: gl.constexpr)
 def _load_words(ptrs, chunk, end, RAGGED: gl.constexpr, WORDS_ASM: gl.constexpr = ""):
     """_load for the weight words, marked evict_first: each word is read once, so it should
     not push out of the caches what is read again (the scale sectors, four chunks' loads
-    each; x; the split-K partials). Session `evict-first` (H200, same runs): 8192 x 28672
-    at M = 1 in 39.0-39.6 against 41.6 us, 28672 x 8192 42.0-43.2 against 43.3-44.6,
-    4096 x 4096 (slices) 6.7-6.9 against 7.2-7.3, 8192 x 28672 at M = 8 54.7 against 56.9.
-    The L1 or the L2 hint alone gave the same; the scales marked so too were slower.
+    each; x; the split-K partials). The scales marked so too would be slower.
 
-    WORDS_ASM (_words_asm: PF in the config) loads them with an L2 prefetch size instead."""
+    WORDS_ASM (_words_asm, from the launch's L2 prefetch size) loads them with an L2
+    prefetch size instead."""
     if RAGGED or WORDS_ASM == "":
         return _load(ptrs, chunk, end, RAGGED, "evict_first")
     else:
         return gl.inline_asm_elementwise(WORDS_ASM, "=r,=r,=r,=r,l,l,l,l", [ptrs],
                                          dtype=gl.int32, is_pure=False, pack=4)
-
-
-def words_load_asm(pf: int, per: int, l1: str = "") -> str:
-    """The PTX of one thread's `per` consecutive words of a row (1, 2 or 4 registers:
-    pack=per; one vector load, so their address is aligned to 4 per bytes), with the L1
-    hint l1 and L2 prefetching the aligned pf bytes around them from DRAM (the row's next
-    chunks); "" for gl.load without that (pf 0). Callers issue it volatile, so the loads
-    stay where they are written."""
-    if pf == 0:
-        return ""
-    regs = ", ".join(f"${i}" for i in range(per))
-    vec = "" if per == 1 else f".v{per}"
-    return f"ld.global{l1}.L2::{pf}B{vec}.b32 {{{regs}}}, [${per}];"
 
 
 def _words_asm(pf: int) -> str:
@@ -480,10 +365,10 @@ def _finish_slices(acc, pid_n, s2_ptr, bias_ptr, out_ptr, N, HAS_BIAS: gl.conste
     NWARPS: gl.constexpr = gl.num_warps()
     flat: gl.constexpr = gl.BlockedLayout([1], [32], [NWARPS], [0])
     # s2 and bias first, so their L2 round trip overlaps the reduction's barriers rather
-    # than waiting before the store (4096 x 4096 -1%, 2048 x 4096 -3%, session `s2-early`;
-    # loaded before the K loop they cost the loop two spills)
+    # than waiting before the store (loaded before the K loop they would cost the loop two
+    # spills)
     rows = pid_n * (BN // SLICES) + gl.arange(0, BN // SLICES, layout=flat)
-    s2, bias = _load_s2_bias(s2_ptr, bias_ptr, rows, N, HAS_BIAS)
+    s2, bias = load_s2_bias(s2_ptr, bias_ptr, rows, N, HAS_BIAS)
     i = gl.arange(0, BN, layout=gl.SliceLayout(1, L))
     col = gl.arange(0, acc.shape[1], layout=gl.SliceLayout(0, L))
     part = gl.sum(gl.where(((i // 16) % SLICES)[:, None] == col[None, :], acc, 0.0), axis=1)
@@ -508,7 +393,7 @@ def _finish(acc, pid_n, pid_k, tile_rows, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt
         _store(acc, out_rows, out_toks, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
                HAS_BIAS, OUT_LOG2)
     else:
-        # As in linear_kernels: publish the partial; the last of the tile's programs to
+        # As in triton_kernel: publish the partial; the last of the tile's programs to
         # arrive sums all partials in split order (deterministic) and writes the output.
         tile = pid_n
         n_tiles = gl.num_programs(0)
@@ -525,31 +410,14 @@ def _finish(acc, pid_n, pid_k, tile_rows, s2_ptr, bias_ptr, out_ptr, ws_ptr, cnt
             _store(total, out_rows, out_toks, s2_ptr, bias_ptr, out_ptr, N, M, stride_om,
                    HAS_BIAS, OUT_LOG2)
             # ready for the next launch, which kernel order already sequences after this
-            # one: relaxed, so no fence waits for the output's stores first (0.3-0.4 us
-            # off each split-K call, session `relaxed-reset` in nvfp4-triton.md)
+            # one: relaxed, so no fence waits for the output's stores first
             gl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
-
-
-# The word loads' L2 prefetch size where a config does not name one (cfg "PF"; 0: none).
-# L2 then brings each row's 128-byte line whole from DRAM, two chunks of that row. Bit-equal
-# outputs; one H200, five interleaved rounds, us, 128 against no hint (torch): 8192 x 28672
-# 38.46 against 39.02 (115.59), 4096 x 4096 6.49 against 6.74 (13.29), 2048 x 8192 7.19
-# against 7.37, 8192 x 8192 14.60 against 14.77, 3072 x 4096 5.98 against 6.11, 28672 x
-# 8192 40.09 against 40.34, 8192 x 28672 at M = 8 54.48 against 54.89, but 4096 x 14336
-# 15.50 against 15.27; 64 and 256 bytes did about as well, 256 worst at 4096 x 4096 M = 4
-# (docs/notes/nvfp4-triton.md, session `ledger`).
-L2_PREFETCH = 128
-
-
-def viewable(packed: torch.Tensor, scales: torch.Tensor) -> bool:
-    """Whether packed and scales can be read as int32 words and int16 pairs (launch views
-    them so): a weight sliced out of a larger buffer may start off that alignment."""
-    return packed.data_ptr() % 4 == 0 and scales.data_ptr() % 2 == 0
 
 
 def launch(x2, packed, scales, s2, bias, out, cfg):
     """out [M, N] = x2 [M, K] @ W.T (+ bias), with cfg = dict(BN, BM, NBYTES, SPLIT_K,
-    num_warps, optional SLICES, RAGGED, X_SMEM, ROWS, PF); requires fits(M, K, cfg) and unit
+    num_warps, optional SLICES, RAGGED, X_SMEM, ROWS): gemv_configs.pick_config's; requires
+    fits(M, K, cfg) and unit
     strides along K."""
     _LAUNCHES(*_call(x2, packed, scales, s2, bias, out, cfg, shared_ws=False))
     return out
@@ -576,8 +444,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
                            and slices == w and rows == bn), cfg
     assert 0 < rows <= bn, cfg
     ragged = cfg.get("RAGGED", False)
-    pf = cfg.get("PF", 0 if ragged or nbytes != 16 else L2_PREFETCH)
-    assert pf in (0, 64, 128, 256) and (pf == 0 or nbytes == 16), cfg
+    pf = 0 if ragged else L2_PREFETCH  # masked (RAGGED) loads take no hint
     # chunks per split or slice, a multiple of 4 (fits()); RAGGED: chunks of all K
     k_iters = k // (8 * nbytes) if ragged else k // (8 * nbytes * split * slices)
     x_smem = cfg.get("X_SMEM", False)
@@ -585,7 +452,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
     grid = (cdiv(n, rows // slices), split)
     if split > 1:
         ws = split_workspace(x2.device, split * grid[0] * bn * bm, shared_ws)
-        cnt = _tile_counters(x2.device, grid[0])
+        cnt = tile_counters(x2.device, grid[0])
     else:
         ws = cnt = out  # never read
     wl, sl, xl, mma = layouts(bn, bm, w, nbytes)
@@ -598,7 +465,7 @@ def _call(x2, packed, scales, s2, bias, out, cfg, shared_ws: bool) -> tuple:
          m, n, x2.stride(0), words.stride(0), pairs.stride(0), out.stride(0), k_iters,
          rows),
         dict(HAS_BIAS=has_bias, BN=bn, BM=bm, NBYTES=nbytes, SPLIT_K=split, SLICES=slices,
-             RAGGED=ragged, OUT_LOG2=_DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma,
+             RAGGED=ragged, OUT_LOG2=DECODE[x2.dtype][1], WL=wl, SL=sl, XL=xl, MMA=mma,
              X_SMEM=x_smem, KCS=kcs, WORDS_ASM=_words_asm(pf)),
         dict(num_warps=w), (has_bias, bn, bm, nbytes, split, slices, ragged, w,
                             x2.dtype, pf, x_smem, kcs))

@@ -2,8 +2,7 @@
 
 `triton.cdiv` is a constexpr_function: called from host code it goes through a wrapper
 that imports and unwraps every argument, a few microseconds each time, and an eager
-decode step pays that on every linear (six calls per `nvfp4_linear` at one token: cProfile,
-session `probes` in docs/notes/nvfp4-triton.md). Plain Python does the same division.
+decode step would pay that on every linear. Plain Python does the same division.
 """
 
 
@@ -13,10 +12,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 def shifts_last_tile(m: int, bm: int) -> bool:
-    """Whether a launch moves its last token tile back to end at M (small_kernel's
+    """Whether a launch moves its last token tile back to end at M (small_form's
     tile_row0, the GEMM's SHIFT): where M is more than a tile and not whole tiles.
-    Elsewhere the kernel keeps pid_m * BM: with the move computed at run time on every
-    launch, whole tiles measured 0.03-0.18 us slower (576 x 1536 at M = 128 / 256 4.88 /
-    5.83 against 4.70 / 5.66; docs/notes/nvfp4-triton.md, session `long-light`); with
-    this flag a compile-time choice, they tie."""
+    Elsewhere the kernel keeps pid_m * BM: as a compile-time choice the move costs whole
+    tiles nothing, where computed at run time on every launch it would."""
     return m > bm and m % bm != 0

@@ -2,11 +2,10 @@
 for the call's specialization: the eager engine's host time per linear.
 
 Why: an eager decode step is host-bound, and every NVFP4 linear is one launch. Triton's
-JIT launch spends ~20-26 us of host time a call on the H200's host (binding the
-arguments, specializing each, hashing the constexpr layouts into its cache key) where the
-compiled kernel's own launcher takes ~8-11 us (docs/notes/nvfp4-triton.md, session
-`boxes`). So each launch site keys its calls itself: a static key the caller already has
-(its config and dtype, in place of the constexprs they determine) plus what Triton
+JIT launch spends about twice the compiled kernel's own launcher's host time on a call
+(binding the arguments, specializing each, hashing the constexpr layouts into its cache
+key). So each launch site keys its calls itself: a static key the caller already has (its
+config and dtype, in place of the constexprs they determine) plus what Triton
 specializes the runtime arguments on:
 
 - a tensor: its dtype and whether its address is a multiple of 16 bytes;

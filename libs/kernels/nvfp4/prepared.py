@@ -1,11 +1,8 @@
-"""nvfp4_linear for one weight called over and over: the eager engine's linears.
+"""nvfp4_linear for one weight called over and over: the engine's linears.
 
-Why: an eager decode step is host-bound. On the H200's host `nvfp4_linear` spent 47-50 us
-of Python a call on SmolLM2's 576-wide layers at one token and 76-123 us on the down
-projection, against 17-23 us for `F.linear` (docs/notes/nvfp4-triton.md, session
-`prepared`): the checks, the route, the launch site's arguments and the launch cache's key,
-every call, for answers that only change with x's shape. So eager decode with NVFP4 weights
-ran at 25 tok/s against the dense engine's 40-55.
+Why: an eager decode step is host-bound. `nvfp4_linear` does its checks, its route and its
+launch site's arguments on every call, for answers that only change with x's shape, and
+on SmolLM2's layers that host work costs more than the kernel.
 
 A `PreparedLinear` holds one weight, checked once, and a plan per x signature (shape,
 strides, dtype, device, 16-byte alignment, stream): the first call with a signature checks x
@@ -15,13 +12,8 @@ as `nvfp4_linear` does (the same errors), routes and binds the kernel's launch
 TMA). The dequantize route's plan launches the compiled Triton dequantize and calls cuBLAS.
 A GEMM call that pads x to whole token tiles, and more than MAX_TOKENS tokens, run
 `nvfp4_linear` itself. The result is the same kernel on the same arguments, so
-bit for bit `nvfp4_linear`'s.
-
-Prompts too: a prefill forward is as host-bound as a decode step on a small model, and
-`nvfp4_linear` took ~95-120 us of host time a call at 256-2048 tokens on SmolLM2's layers
-against ~20 for `F.linear`; planned, ~30-35 on the kernels' routes, the GEMM's included
-(202 unplanned), and ~45 on the dequantize route (two launches; 51-91 with the dequantize
-through the JIT) (docs/notes/nvfp4-triton.md, sessions `prompt-plans` and `gemm-plans`).
+bit for bit `nvfp4_linear`'s. Prompt chunks are planned too: a prefill forward is as
+host-bound as a decode step on a small model.
 
 The weight tensors are read at every call, never copied: changing their values in place
 shows in the next call, as with `nvfp4_linear`.
@@ -88,19 +80,17 @@ class PreparedLinear:
         x2 = x.reshape(-1, self.k)
         if x2.shape[0] > MAX_TOKENS or x2.stride(-1) != 1 or x2.data_ptr() != x.data_ptr():
             return None
-        from . import linear_kernels as lk
+        from . import linear  # Triton: imported at the first plan, as nvfp4_linear imports it
+        from .gemm_configs import needs_pad
 
         out = torch.empty((*x.shape[:-1], self.n), dtype=x.dtype, device=x.device)
         out2 = out.view(-1, self.n)
-        kernel, cfg = lk.route(x2, self.packed, self.scales, out2)
+        kernel, cfg = linear.route(x2, self.packed, self.scales, out2)
         if kernel == "dequantize":
             return _DequantizePlan(self, x2)
-        if kernel == "triton":
-            bind = lk.bind
-        elif kernel == "gemm" and lk._gluon("gemm_kernel").needs_pad(x2.shape[0], cfg):
+        if kernel == "gemm" and needs_pad(x2.shape[0], cfg):
             return None  # x is copied into whole token tiles first: nvfp4_linear does that
-        else:
-            bind = lk._gluon(f"{kernel}_kernel").bind
+        bind = linear.kernel_module(kernel).bind
         launch = bind(x2, self.packed, self.scales, self.s2, self.bias, out2, cfg)
         return _Plan(launch, out.shape, x.dtype, out)
 
@@ -127,12 +117,12 @@ class _Plan:
 
 
 class _DequantizePlan:
-    """One x signature on the dequantize route (dequantize_route.py): the call
-    linear_kernels.dequantize_linear makes, with x viewed as 2-D as there, and the Triton
-    dequantize's launch bound once, so the same bits with ~20 us less host work."""
+    """One x signature on the dequantize route (routing.py): the call
+    linear.dequantize_linear makes, with x viewed as 2-D as there, and the Triton
+    dequantize's launch bound once, so the same bits with less host work."""
 
     def __init__(self, weight: PreparedLinear, x2: torch.Tensor) -> None:
-        from .triton_impl import bind_dequantize
+        from .dequantize_kernel import bind_dequantize
 
         self.weight, self.x2_shape = weight, x2.shape
         self.dequantize = bind_dequantize(weight.packed, weight.scales, weight.s2, x2.dtype)

@@ -14,10 +14,10 @@ What keeps it there:
 - no division per element: fl(x / d) comes from the block's reciprocal and Markstein
   correction steps, exact for every input (_codes_fast's docstring, and
   tests/kernels/test_markstein.py); a correctly rounded division costs ~11 instructions
-  per element and made this kernel instruction-bound;
+  per element and would make this kernel instruction-bound;
 - the E2M1 rounding as a minimum of three rounded fp32 additions (_magnitude_bits), on
   the FMA pipe rather than the integer unit, which has half its throughput;
-- a short block prologue (~21 instructions where it took ~45): the block scale without
+- a short block prologue (~21 instructions): the block scale without
   a division (_block_scale), the e4m3 rounding by the hardware's conversion
   (_round_e4m3), the reciprocal without its slow path (_reciprocal), the sign bound in
   two products (_negative_bound), and the scale bytes stored by the threads that own
@@ -26,15 +26,13 @@ What keeps it there:
 - one thread owns whole blocks (two 16-byte halves for 16-bit inputs, four quarters for
   fp32), so the amax and the block scale need no shuffles and are computed once;
 - each program loops over tiles and loads the next tile before encoding this one, so a
-  thread's loads are in flight while it computes (one tile per program left the memory
-  system idle between a warp's load and its long stretch of arithmetic);
+  thread's loads are in flight while it computes (with one tile per program the memory
+  system would sit idle between a warp's load and its long stretch of arithmetic);
 - bf16 is read as int32 words of two elements: a bf16 is the top half of its fp32, so
   one shift or one mask per element, and no register shuffles for bf16 values carried
   through the loop.
 With bf16 in, a thread's loop iteration (two blocks, 32 elements) is 522 SASS
-instructions, ~16.3 an element (591 executed, 18.5 an element, before the prologue and
-sign changes). Measured figures: docs/notes/nvfp4-triton.md (sessions `quantize-markstein`
-and `quantize-steps`).
+instructions, ~16.3 an element.
 """
 
 import triton
@@ -55,7 +53,7 @@ def _round_e4m3(s):
     One hardware conversion each way (SM89 and later), the rounding mode written in the
     PTX rather than left to a lowering: `cvt.rn.satfinite.e4m3x2.f32` rounds to nearest
     even, the subnormal steps of 2^-9 below 2^-6 included, and e4m3x2 -> f16x2 is exact.
-    The integer rounding this replaced took ~14 instructions a block;
+    An integer rounding would take ~14 instructions a block;
     tests/kernels/test_nvfp4_quantize_steps.py checks it against torch's cast on every
     fp32 in [2^-9, 448]."""
     return tl.inline_asm_elementwise(
@@ -384,7 +382,7 @@ def _quantize_tile(
         packed_ptr + blocks[:, None] * 2 + tl.arange(0, 2)[None, :], words, mask=in_range[:, None]
     )
     # One byte a block, each stored from the thread that owns the block: said to be
-    # contiguous, the bytes were first regrouped through shared memory (two barriers).
+    # contiguous, the bytes would be regrouped through shared memory first (two barriers).
     tl.store(scales_ptr + tl.max_contiguous(blocks, 1), s_byte.to(tl.uint8), mask=in_range)
 
 

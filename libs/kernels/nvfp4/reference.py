@@ -12,8 +12,8 @@ Matched against NVIDIA Model Optimizer 0.47.0 (PyPI `nvidia-modelopt`),
   is rounded first, then one IEEE division (not `amax_b / 6 / s2`, which torchao uses).
   Scales that are exactly 0 become 1.0, then `_cast_per_block_scale_to_fp8` clamps to
   [2^-9, 448] and casts to float8_e4m3fn (round to nearest even; the clamp matters because
-  torch's cast is not saturating: 464 and above would become NaN). The December 2025 source
-  (GitHub 5a4242f) cast without the clamp.
+  torch's cast is not saturating: 464 and above would become NaN). Some ModelOpt sources
+  cast without the clamp; the bytes here are 0.47.0's.
 - quantize: `y = x / (fp32(s_b) * s2)`: ModelOpt DIVIDES by the rounded fp32 product; it
   does not multiply by a reciprocal. x is promoted to fp32 first (exact for bf16/fp16).
 - _cast_fp4: round to nearest even on the E2M1 grid (searchsorted on the midpoints, ties at
