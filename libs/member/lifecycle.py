@@ -4,8 +4,8 @@ A :class:`Request` is what the lifecycle needs to know of a request on either me
 room and pages, the cancel scope that an Abort, a lost peer or a deadline sweep cancels,
 why and in which stage that happened, and the event its release sets. :class:`Lifecycle`
 wraps the request's handler: it keeps the first cause the request failed for, fails the
-room with it, counts and traces it, then runs the release shielded and bounded (field
-guide, trap 9): a cancelled handler still releases, and a release never hangs it.
+room with it, counts and traces it, then runs the release shielded and bounded
+(docs/design.md, trap 9): a cancelled handler still releases, and a release never hangs it.
 """
 
 from __future__ import annotations
