@@ -3,7 +3,7 @@
 ``native``: the page's own bytes (engine dtype), written straight from pool to pool.
 
 ``nvfp4``: every page becomes one fixed-size *slot* of bytes, the NVFP4 encoding of the page
-(libs/kernels, /work/shared/docs/nvfp4-facts.md). A KV page is
+(libs/kernels; docs/nvfp4.md). A KV page is
 ``[n_layers, 2 (K, V), n_kv_heads, page_size, head_dim]``; each of its ``n_layers * 2``
 tensors ``[n_kv_heads, page_size, head_dim]`` is quantized on its own, blocks of 16 along
 head_dim, with its own per-tensor scale ``s2 = amax / 2688`` (1.0 when all zero) taken from
