@@ -46,7 +46,8 @@ def llama_from_weights(config, weights):
         num_hidden_layers=c.n_layers, num_attention_heads=c.n_heads,
         num_key_value_heads=c.n_kv_heads, head_dim=c.head_dim,
         max_position_embeddings=c.max_position, rms_norm_eps=c.norm_eps,
-        rope_theta=c.rope_theta, tie_word_embeddings=c.tie_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta},
+        tie_word_embeddings=c.tie_embeddings,
         bos_token_id=c.bos_token_id, eos_token_id=list(c.eos_token_ids),
     )
     model = LlamaForCausalLM(hf)
