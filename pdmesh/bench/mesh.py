@@ -63,29 +63,40 @@ class MeshSide:
         records = _run(_serve, self.mesh.router, workload, progress)
         wall = time.perf_counter() - t0
         cpu_after = {k: _proc_cpu(p) for k, p in self.pids.items()}
-        kv = {k: v - kv_before.get(k, 0.0) for k, v in self.transfer_counters().items()}
-        rooms = kv.get("rooms", 0)
+        kv = {k: v - kv_before[k] for k, v in self.transfer_counters().items()}
+        rooms = kv["rooms"]
         spent = {
             "cpu_s": {k: round(cpu_after[k] - cpu_before[k], 3) for k in self.pids
                       if cpu_after[k] is not None and cpu_before[k] is not None},
             "wall_s": wall,
             "kv_transfer": {
-                "rooms": int(rooms), "bytes": int(kv.get("bytes", 0)),
-                "seconds": kv.get("seconds", 0.0),
+                "rooms": int(rooms), "bytes": int(kv["bytes"]),
+                "seconds": kv["seconds"],
                 "mean_ms": 1e3 * kv["seconds"] / rooms if rooms else None,
                 "bytes_per_room": kv["bytes"] / rooms if rooms else None,
+                "descriptors": int(kv["descriptors"]) if kv["gbps_rooms"] else None,
+                "write_gbps_mean": kv["gbps_sum"] / kv["gbps_rooms"] if kv["gbps_rooms"] else None,
             },
         }
         return records, spent
 
     def transfer_counters(self) -> dict[str, float]:
-        """Rooms, bytes and seconds of KV transfer so far, summed over the prefills.
+        """Rooms, bytes and seconds of KV transfer so far, summed over the prefills, and
+        NIXL descriptors and write GB/s where the prefills report them.
 
         A room's seconds run from its first chunk written to its KvReady, so they include
-        prefill work the transfer overlaps."""
+        prefill work the transfer overlaps; its GB/s is its last write's, post to done."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        totals = {"rooms": 0.0, "bytes": 0.0, "seconds": 0.0}
+        names = {
+            "pdmesh_kv_transfer_seconds_count": "rooms",
+            "pdmesh_kv_transfer_seconds_sum": "seconds",
+            "pdmesh_kv_transfer_bytes_sum": "bytes",
+            "pdmesh_kv_transfer_descriptors_sum": "descriptors",
+            "pdmesh_kv_transfer_gbps_sum": "gbps_sum",
+            "pdmesh_kv_transfer_gbps_count": "gbps_rooms",
+        }
+        totals = dict.fromkeys(names.values(), 0.0)
         for member in self.mesh.status()["members"]:
             if member["role"] != "prefill" or not member.get("metrics"):
                 continue
@@ -93,12 +104,8 @@ class MeshSide:
                 text = reply.read().decode()
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
-                    if sample.name == "pdmesh_kv_transfer_seconds_count":
-                        totals["rooms"] += sample.value
-                    elif sample.name == "pdmesh_kv_transfer_seconds_sum":
-                        totals["seconds"] += sample.value
-                    elif sample.name == "pdmesh_kv_transfer_bytes_sum":
-                        totals["bytes"] += sample.value
+                    if sample.name in names:
+                        totals[names[sample.name]] += sample.value
         return totals
 
     def status(self) -> dict | str:

@@ -91,9 +91,12 @@ def print_table(rows: list[dict], sides: dict[str, dict], transfer: dict | None)
         for scenario in ("multi", "ttft"):
             kv = mesh["runs"][scenario][-1].get("kv_transfer") or {}
             if kv.get("rooms"):
+                gbps = kv.get("write_gbps_mean")
+                last = "" if gbps is None else (f"; {kv['descriptors'] / kv['rooms']:.1f} "
+                                                f"descriptors, last write {gbps:.1f} GB/s")
                 print(f"mesh KV transfer, {scenario}: {kv['rooms']} rooms, "
                       f"{kv['bytes_per_room'] / 1e6:.2f} MB and {kv['mean_ms']:.2f} ms a room "
-                      "(first chunk written to KvReady, prefill overlapped)")
+                      f"(first chunk written to KvReady, prefill overlapped){last}")
     errors = {side: s["best"][sc]["errors"] for side, s in sides.items() for sc in s["best"]
               if s["best"][sc]["errors"]}
     if errors:
