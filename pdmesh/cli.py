@@ -51,7 +51,11 @@ def _die_with_parent() -> None:
         sys.exit(0)  # the parent is already gone
 
 
+GPU_MEMORY_FRACTION_ENV = "PDMESH_GPU_MEMORY_FRACTION"
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from libs.member import sizing
     from libs.member.formats import FORMATS as KV_FORMATS
     from services.bootstrap import main as bootstrap_main
     from services.decode import main as decode_main
@@ -83,9 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--prefill", type=int, default=1, help="prefill processes (default 1)")
     up.add_argument("--prefill-kv-pages", type=int, default=None,
-                    help="KV pool pages per prefill (its own default when absent)")
+                    help="KV pool pages per prefill (default: sized to the device, see "
+                    "pdmesh prefill --help)")
     up.add_argument("--decode-kv-pages", type=int, default=None,
-                    help="KV pool pages per decode (its own default when absent)")
+                    help="KV pool pages per decode (default: sized to the device, see "
+                    "pdmesh decode --help)")
+    up.add_argument(
+        "--gpu-memory-fraction", type=sizing.memory_fraction, metavar="F",
+        default=os.environ.get(GPU_MEMORY_FRACTION_ENV) or sizing.DEFAULT_GPU_MEMORY_FRACTION,
+        help="on CUDA, the fraction of the GPU's memory the prefills and decodes may fill "
+        "together (weights and KV pools), split evenly between them (default "
+        f"${GPU_MEMORY_FRACTION_ENV} or {sizing.DEFAULT_GPU_MEMORY_FRACTION})",
+    )
     up.add_argument("--decode", type=int, default=1, help="decode processes (default 1)")
     up.add_argument("--host", default="127.0.0.1", help="address every service binds")
     up.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP port (8000)")
@@ -204,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             kv_transfer=args.kv_transfer,
             prefill=args.prefill, decode=args.decode,
             host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
-            bootstrap_port=args.bootstrap_port,
+            bootstrap_port=args.bootstrap_port, gpu_memory_fraction=args.gpu_memory_fraction,
             extra=_extra_args(args),
         )
         if plan.prefill < 1 or plan.decode < 1:
@@ -212,6 +225,12 @@ def main(argv: list[str] | None = None) -> int:
         refusal = _check_model(args.model)
         if refusal:  # before any process starts: a bad model would only crash-loop them
             print(f"pdmesh up: --model: {refusal}", file=sys.stderr)
+            return 2
+        from libs.member.sizing import check_device
+
+        refusal = check_device(args.device)
+        if refusal:
+            print(f"pdmesh up: --device {args.device}: {refusal}", file=sys.stderr)
             return 2
         if args.trace_store is None:
             return run_service("up", lambda: supervise(plan))

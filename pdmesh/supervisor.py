@@ -1,9 +1,15 @@
 """`pdmesh up`: start bootstrap, prefills, decodes and a router as child processes.
 
 A crashed child is restarted with exponential backoff (and the log says so);
-on Ctrl-C or SIGTERM every child gets SIGTERM, then SIGKILL after a grace
-period, so no process is left behind. Children also ask the kernel to
-SIGTERM them if the supervisor itself dies (see pdmesh.cli).
+a child that exits EXIT_CANNOT_START (a flag's value cannot work on this
+machine: restarting would fail the same way) stops the whole mesh, and
+`pdmesh up` exits with that code. On Ctrl-C or SIGTERM every child gets
+SIGTERM, then SIGKILL after a grace period, so no process is left behind.
+Children also ask the kernel to SIGTERM them if the supervisor itself dies
+(see pdmesh.cli).
+
+On a GPU the prefills and decodes share the device: each is given an equal
+share of the mesh's --gpu-memory-fraction, and sizes its KV pool from that.
 """
 
 from __future__ import annotations
@@ -20,9 +26,16 @@ from dataclasses import dataclass, field
 import anyio
 from anyio.abc import Process
 
+from libs.member import sizing
+from libs.member.serve import EXIT_CANNOT_START
+
 log = logging.getLogger("pdmesh.up")
 
 STOP_GRACE = 8.0
+
+
+class ChildCannotStart(Exception):
+    """A child exited EXIT_CANNOT_START: the mesh cannot run as configured."""
 
 
 @dataclass
@@ -47,17 +60,25 @@ class Plan:
     http_port: int = 8000
     grpc_port: int = 50051
     bootstrap_port: int = 50050
+    gpu_memory_fraction: float = sizing.DEFAULT_GPU_MEMORY_FRACTION  # of the GPU, all members
     extra: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.bootstrap_port}"
 
+    @property
+    def member_memory_fraction(self) -> float:
+        """Each prefill's and decode's share of the GPU they all run on."""
+        return self.gpu_memory_fraction / (self.prefill + self.decode)
+
     def children(self) -> list[Child]:
         base = [sys.executable, "-m", "pdmesh.cli"]
         common = ["--bootstrap", self.bootstrap, "--host", self.host]
         member = [*common, "--model", self.model, "--device", self.device, "--dtype", self.dtype,
                   "--weights", self.weights, "--kv-transfer", self.kv_transfer]
+        if sizing.is_cuda(self.device):
+            member += ["--gpu-memory-fraction", f"{self.member_memory_fraction:.6g}"]
         out = [Child("bootstrap", [*base, "bootstrap", "--host", self.host,
                                    "--port", str(self.bootstrap_port)])]
         for i in range(self.prefill):
@@ -78,8 +99,10 @@ async def supervise(plan: Plan) -> None:
     env = {**os.environ, "PDMESH_PARENT_PID": str(os.getpid())}
     children = plan.children()
     log.info(
-        "starting %d prefill, %d decode, model %s on %s", plan.prefill, plan.decode,
+        "starting %d prefill, %d decode, model %s on %s%s", plan.prefill, plan.decode,
         plan.model, plan.device,
+        f" ({plan.member_memory_fraction:.3g} of its memory each)"
+        if sizing.is_cuda(plan.device) else "",
     )
     try:
         async with anyio.create_task_group() as tg:
@@ -88,6 +111,10 @@ async def supervise(plan: Plan) -> None:
                 if child.name == "bootstrap":
                     await anyio.sleep(0.3)  # members retry anyway; this just spares log noise
             tg.start_soon(_announce_ready, plan)
+    except* ChildCannotStart:
+        # Raised here, not in the child's task: a SystemExit leaving an asyncio task
+        # escapes the event loop at once, past every finally block.
+        raise SystemExit(EXIT_CANNOT_START) from None
     finally:
         with anyio.move_on_after(STOP_GRACE + 2, shield=True):
             await _stop_all(children)
@@ -102,6 +129,10 @@ async def _keep_running(child: Child, env: dict[str, str]) -> None:
         )
         code = await child.process.wait()
         lived = time.monotonic() - child.started_at
+        if code == EXIT_CANNOT_START:
+            log.error("%s cannot start here (exit code %d, its reason above): stopping the mesh",
+                      child.name, code)
+            raise ChildCannotStart(child.name)
         if lived > 30:
             backoff = 0.5
         child.restarts += 1

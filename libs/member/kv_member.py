@@ -12,6 +12,10 @@ listeners.
 What NIXL registers depends on the KV transfer format (libs/transfer/staging.py):
 the pool itself for native, a staging region of one NVFP4 slot per KV page for
 nvfp4.
+
+Without ``--kv-pages`` the pool is sized to the device (libs/member/sizing.py), after
+the weights are loaded; a start that runs out of CUDA memory raises DoesNotFit, whose
+message names the stage and the flag to change.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -28,9 +33,11 @@ from libs.engine.engine import Engine
 from libs.engine.kvpool import KvPool
 from libs.engine.loader import LoadedModel, load_model
 from libs.faults import Faults
+from libs.member import sizing
 from libs.member.pairable import layout_mismatch
 from libs.member.timeouts import TIMEOUTS
 from libs.transfer.agent import KvAgent
+from libs.transfer.kvwire import Nvfp4PageFormat
 from libs.transfer.layout import PoolLayout
 from libs.transfer.staging import KvWire
 from pdmesh.v1 import bootstrap_pb2 as bpb
@@ -62,6 +69,77 @@ def model_fingerprint(loaded: LoadedModel) -> str:
     return f"{loaded.name}{fmt}@{hashlib.sha256(sample).hexdigest()[:12]}"
 
 
+_ROLE_NAMES = {cpb.PREFILL: "prefill", cpb.DECODE: "decode"}
+
+
+class DoesNotFit(RuntimeError):
+    """The member cannot start in the device memory it has; the message says what to change."""
+
+
+def bytes_per_page(loaded: LoadedModel, page_size: int, kv_transfer: str) -> int:
+    """Device bytes one KV page costs: the page, plus its NVFP4 staging slot if any."""
+    c = loaded.config
+    page = c.n_layers * 2 * c.n_kv_heads * page_size * c.head_dim
+    page *= loaded.weights.embed.element_size()
+    if kv_transfer == "native":
+        return page
+    return page + Nvfp4PageFormat(c.n_layers, c.n_kv_heads, page_size, c.head_dim).slot_bytes
+
+
+def pool_pages(
+    role_name: str, loaded: LoadedModel, device: str, page_size: int, kv_transfer: str,
+    memory_fraction: float | None, max_rooms: int,
+) -> int:
+    """The pool's size when no --kv-pages says: fixed on the CPU, what this member's share
+    of the GPU holds on CUDA (libs/member/sizing.py). Logs the choice."""
+    if not sizing.is_cuda(device):
+        return sizing.CPU_KV_PAGES[role_name]
+    fraction = sizing.DEFAULT_GPU_MEMORY_FRACTION if memory_fraction is None else memory_fraction
+    per_page = bytes_per_page(loaded, page_size, kv_transfer)
+    # No room holds more than a full context, and there are at most max_rooms of them.
+    max_pages = max_rooms * -(-loaded.config.max_position // page_size)
+    memory = sizing.device_memory(device)
+    pages = sizing.kv_pages_that_fit(memory, fraction, per_page, max_pages)
+    one_request = -(-loaded.config.max_position // page_size)
+    gib = sizing.GIB
+    if pages < one_request:
+        raise DoesNotFit(
+            f"{device} has room for only {pages} KV pages of {page_size} tokens, fewer "
+            f"than one {loaded.config.max_position}-token request needs ({one_request}): "
+            f"{fraction:.3g} of {memory.total / gib:.1f} GiB, {memory.free / gib:.1f} GiB "
+            f"free, {memory.used_here / gib:.2f} GiB of weights here. "
+            + _remedy(role_name, raise_fraction=True)
+        )
+    log.info(
+        "KV pool sized to %s: %.3g of its %.1f GiB, %.1f GiB free, %.2f GiB held here, "
+        "%.1f GiB kept in reserve", device, fraction, memory.total / gib, memory.free / gib,
+        memory.used_here / gib, sizing.RESERVE_BYTES / gib,
+    )
+    return pages
+
+
+def _remedy(role_name: str, raise_fraction: bool = False) -> str:
+    fraction = "raise" if raise_fraction else "lower"
+    return (f"Set --kv-pages or {fraction} --gpu-memory-fraction (pdmesh up: "
+            f"--{role_name}-kv-pages, --gpu-memory-fraction), or free the device.")
+
+
+@contextmanager
+def out_of_memory_at_start(role_name: str, device: str, stage: str) -> Iterator[None]:
+    """Turn CUDA running out of memory at start into DoesNotFit naming the stage and the
+    flags to change (a traceback wall would bury both)."""
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        free = ""
+        if sizing.is_cuda(device):
+            free_bytes, total = torch.cuda.mem_get_info(torch.device(device))
+            free = f" ({free_bytes / sizing.GIB:.1f} of {total / sizing.GIB:.1f} GiB free)"
+        raise DoesNotFit(
+            f"CUDA out of memory on {device}{free} {stage}. {_remedy(role_name)}"
+        ) from e
+
+
 @dataclass
 class KvMember:
     role: int  # cpb.PREFILL or cpb.DECODE
@@ -84,18 +162,33 @@ class KvMember:
 
     @classmethod
     def create(
-        cls, role: int, name: str, model: str, device: str, num_pages: int, page_size: int,
-        dtype: str = "float32", weights: str = "native", kv_transfer: str = "native",
+        cls, role: int, name: str, model: str, device: str, num_pages: int | None,
+        page_size: int, dtype: str = "float32", weights: str = "native",
+        kv_transfer: str = "native", memory_fraction: float | None = None,
+        max_rooms: int = 256,
     ) -> KvMember:
-        """Raises UnsupportedKvShape when the model's KV cannot travel as ``kv_transfer``."""
-        loaded = load_model(
-            model, device=device, dtype=getattr(torch, dtype), weights_format=weights
-        )
-        pool = KvPool(
-            loaded.config, num_pages, page_size, device=device, dtype=loaded.weights.dtype
-        )
-        wire = KvWire(kv_transfer, pool.tensor)
-        engine = Engine(loaded.config, loaded.weights, pool)
+        """``num_pages`` None: sized to the device (see pool_pages). Raises
+        UnsupportedKvShape when the model's KV cannot travel as ``kv_transfer``, and
+        DoesNotFit when CUDA memory runs out on the way."""
+        role_name = _ROLE_NAMES[role]
+        with out_of_memory_at_start(role_name, device, "loading the weights of " + model):
+            loaded = load_model(
+                model, device=device, dtype=getattr(torch, dtype), weights_format=weights
+            )
+        if num_pages is None:
+            num_pages = pool_pages(role_name, loaded, device, page_size, kv_transfer,
+                                   memory_fraction, max_rooms)
+        per_page = bytes_per_page(loaded, page_size, kv_transfer)
+        with out_of_memory_at_start(role_name, device,
+                            "allocating the KV pool of " + sizing.describe(
+                                num_pages, page_size, per_page)):
+            pool = KvPool(
+                loaded.config, num_pages, page_size, device=device, dtype=loaded.weights.dtype
+            )
+            wire = KvWire(kv_transfer, pool.tensor)
+        log.info("KV pool: %s on %s", sizing.describe(num_pages, page_size, per_page), device)
+        with out_of_memory_at_start(role_name, device, "building the engine"):
+            engine = Engine(loaded.config, loaded.weights, pool)
         agent = KvAgent(name, wire.region, wire.page_bytes)
         layout = cpb.KvLayout(
             model=model_fingerprint(loaded),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -13,6 +14,7 @@ import anyio
 from google.protobuf.descriptor import ServiceDescriptor
 
 from libs import faults
+from libs.member import sizing
 from libs.member.formats import FORMATS
 from libs.member.timeouts import TIMEOUTS
 from libs.rpc.http import asgi_server, listen, serve_http
@@ -26,7 +28,19 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def add_member_arguments(parser: argparse.ArgumentParser, role: str, pages: int) -> None:
+# A member exits with this code when a flag's value cannot work on this machine (no such
+# device, a pool that does not fit): restarting it would fail the same way, so `pdmesh up`
+# stops the mesh instead (pdmesh/supervisor.py). argparse exits 2 on a bad flag too.
+EXIT_CANNOT_START = 2
+
+
+def cannot_start(line: str) -> SystemExit:
+    """Print ``line`` (the whole story, one line) and return the SystemExit to raise."""
+    print(line, file=sys.stderr, flush=True)
+    return SystemExit(EXIT_CANNOT_START)
+
+
+def add_member_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument(
         "--name", default=None, help=f"member name, stable across restarts (default {role}-PID)"
     )
@@ -53,7 +67,16 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str, pages: int)
         "NVFP4 checkpoint directory is served as NVFP4 either way",
     )
     parser.add_argument(
-        "--kv-pages", type=int, default=pages, help=f"KV pool size in pages (default {pages})"
+        "--kv-pages", type=int, default=None,
+        help=f"KV pool size in pages (default: {sizing.CPU_KV_PAGES[role]} on the CPU; on "
+        "CUDA what --gpu-memory-fraction of the device holds after the weights)",
+    )
+    parser.add_argument(
+        "--gpu-memory-fraction", type=sizing.memory_fraction, default=None, metavar="F",
+        help="on CUDA, the fraction of the device's total memory this member may fill with "
+        "its weights and KV pool, less a reserve for activations "
+        f"(default {sizing.DEFAULT_GPU_MEMORY_FRACTION}; pdmesh up gives each member on a "
+        "GPU its share of the mesh's)",
     )
     parser.add_argument("--max-rooms", type=int, default=256, help="bound on concurrent rooms")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
@@ -96,7 +119,7 @@ async def serve_member(
     by ``descriptor``, and Admin), register, and serve until cancelled."""
     # torch and NIXL load here, not at import: `pdmesh` builds every role's parser in every
     # process (bootstrap, router and supervisor included), which must not pay for them
-    from libs.member.kv_member import KvMember
+    from libs.member.kv_member import DoesNotFit, KvMember
     from libs.transfer.kvwire import UnsupportedKvShape
 
     role, role_name = service_class.role, service_class.role_name
@@ -105,12 +128,20 @@ async def serve_member(
         injected = faults.Faults.parse(args.faults, name)
     except ValueError as e:
         raise SystemExit(f"pdmesh {role_name}: --faults: {e}") from None
+    why = sizing.check_device(args.device)
+    if why is not None:
+        raise cannot_start(f"pdmesh {role_name}: --device {args.device}: {why}")
     log.info("loading model %s on %s", args.model, args.device)
     try:
         member = await anyio.to_thread.run_sync(
-            KvMember.create, role, name, args.model, args.device, args.kv_pages,
-            args.page_size, args.dtype, args.weights, args.kv_transfer,
+            lambda: KvMember.create(
+                role, name, args.model, args.device, args.kv_pages, args.page_size,
+                args.dtype, args.weights, args.kv_transfer,
+                memory_fraction=args.gpu_memory_fraction, max_rooms=args.max_rooms,
+            )
         )
+    except DoesNotFit as e:
+        raise cannot_start(f"pdmesh {role_name}: {e}") from None
     except UnsupportedKvShape as e:
         raise SystemExit(f"pdmesh {role_name}: --kv-transfer {args.kv_transfer}: {e}") from None
     except ValueError as e:  # an unknown spec, a refused checkpoint (CheckpointError)

