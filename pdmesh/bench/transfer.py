@@ -8,7 +8,9 @@ goes VRAM to VRAM between processes. The rows:
 
 - the reference: ``--reference-mib`` moved in ONE descriptor, the rate of a large write;
 - one request's KV for each of ``--tokens`` (1k and 4k tokens on a CPU, 1k and 8k on a
-  GPU), its pages contiguous on both sides (one descriptor) and scattered (one per page).
+  GPU), its pages contiguous on both sides (one descriptor) and scattered (one per page),
+  and with ``--chunk-tokens`` also as the prefill sends it: one WRITE per chunk (the
+  prefill overlaps each with the next chunk's compute; here they go back to back).
 
 Each row is the median of ``--reps`` WRITEs after one warm-up, timed from the post to DONE
 as the prefill sees them, next to ``copy_`` of the same bytes within one process.
@@ -92,24 +94,29 @@ def _spin(xfer: object) -> str:
     return state
 
 
-def time_nixl(agent, peer: str, layout, src: list[int], dst: list[int], reps: int) -> dict:
-    """Median seconds per WRITE (post to DONE) and per post alone, after one warm-up."""
+def time_nixl(agent, peer: str, layout, src: list[int], dst: list[int], reps: int,
+              per_write: int = 0) -> dict:
+    """Median seconds from the first post to the last DONE, and of the posts alone, after
+    one warm-up. ``per_write`` pages a WRITE, all posted back to back (0: one WRITE)."""
+    step = per_write or len(src)
     times, posts, descs = [], [], 0
     for i in range(reps + 1):
         t0 = time.perf_counter()
-        xfer = agent.write_pages(peer, layout, src, dst)
+        xfers = [agent.write_pages(peer, layout, src[j : j + step], dst[j : j + step])
+                 for j in range(0, len(src), step)]
         t1 = time.perf_counter()
-        state = _spin(xfer)
+        states = [_spin(x) for x in xfers]
         elapsed = time.perf_counter() - t0
-        descs = xfer.descriptors
-        xfer.release()
-        if state != "DONE":
-            raise RuntimeError(f"transfer ended {state}: {xfer.error}")
+        descs = sum(x.descriptors for x in xfers)
+        for x in xfers:
+            x.release()
+        if set(states) != {"DONE"}:
+            raise RuntimeError(f"transfer ended {states}: {[x.error for x in xfers]}")
         if i:
             times.append(elapsed)
             posts.append(t1 - t0)
     return {"nixl_s": statistics.median(times), "post_s": statistics.median(posts),
-            "descriptors": descs}
+            "descriptors": descs, "writes": -(-len(src) // step)}
 
 
 def time_copy(pool: torch.Tensor, n: int, reps: int) -> float:
@@ -142,6 +149,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--reference-mib", type=int,
                         help="bytes of the one-descriptor reference WRITE, in MiB "
                         "(default: 64 on cpu, 1024 on cuda)")
+    parser.add_argument("--chunk-tokens", type=int, default=0,
+                        help="also move each request as one WRITE per chunk of this many "
+                        "tokens, posted back to back, as the prefill writes it (default: off)")
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--out", default="bench-results/transfer.json")
     parser.add_argument("--progress-thread", action="store_true",
@@ -160,6 +170,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.reference_mib = args.reference_mib or reference
     if min(args.tokens) <= 0 or args.reference_mib <= 0 or args.reps <= 0:
         parser.error("--tokens, --reference-mib and --reps must be positive")
+    if args.chunk_tokens < 0 or args.chunk_tokens % PAGE_TOKENS:
+        parser.error(f"--chunk-tokens must be a multiple of the page size ({PAGE_TOKENS})")
     return args
 
 
@@ -187,8 +199,9 @@ def main(argv: list[str] | None = None) -> dict:
     agent = KvAgent("bench-prefill", pool, size, progress_thread=progress, backend_params=params)
     peer = agent.add_peer(metadata)
 
-    def row(case: str, pattern: str, tokens: int | None, src: list[int], dst: list[int]) -> dict:
-        timed = time_nixl(agent, peer, layout, src, dst, args.reps)
+    def row(case: str, pattern: str, tokens: int | None, src: list[int], dst: list[int],
+            per_write: int = 0) -> dict:
+        timed = time_nixl(agent, peer, layout, src, dst, args.reps, per_write)
         conn.send(("check", (dst,)))
         landed = conn.recv()
         expected = float(pool[src].sum(dtype=torch.float64))
@@ -212,6 +225,9 @@ def main(argv: list[str] | None = None) -> dict:
             }
             for pattern, (src, dst) in patterns.items():
                 rows.append(row(label, pattern, n * PAGE_TOKENS, src, dst))
+            if args.chunk_tokens:
+                rows.append(row(label, f"chunks of {args.chunk_tokens}", n * PAGE_TOKENS,
+                                list(range(n)), list(range(n)), args.chunk_tokens // PAGE_TOKENS))
     finally:
         conn.send(("exit", None))
         conn.recv()
@@ -225,11 +241,11 @@ def main(argv: list[str] | None = None) -> dict:
                    else platform.processor() or platform.machine())
     print(f"{args.device} ({device_name}), {args.dtype}, {size:,} bytes a page; one-page WRITE "
           f"{latency['nixl_s'] * 1e6:.1f} us; reference {rate / 1e9:.1f} GB/s in 1 descriptor")
-    print(f"{'case':<16} {'pattern':<11} {'bytes':>11} {'descs':>5} {'time us':>9} "
+    print(f"{'case':<16} {'pattern':<15} {'bytes':>11} {'descs':>5} {'time us':>9} "
           f"{'NIXL GB/s':>9} {'copy GB/s':>9} {'vs copy':>7} {'vs 1 desc':>9}")
     for r in rows:
         met = "ok" if r["reference_ratio"] <= TARGET_REFERENCE_RATIO else "over"
-        print(f"{r['case']:<16} {r['pattern']:<11} {r['bytes']:>11} {r['descriptors']:>5} "
+        print(f"{r['case']:<16} {r['pattern']:<15} {r['bytes']:>11} {r['descriptors']:>5} "
               f"{r['nixl_s'] * 1e6:>9.1f} {r['nixl_gbps']:>9.2f} {r['memcpy_gbps']:>9.2f} "
               f"{r['ratio']:>7.2f} {r['reference_ratio']:>6.2f} {met}")
     env = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}

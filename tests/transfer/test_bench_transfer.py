@@ -9,14 +9,14 @@ import torch
 
 from pdmesh.bench import transfer
 
-ROW_KEYS = {"case", "pattern", "tokens", "pages", "bytes", "descriptors", "nixl_s", "post_s",
-            "memcpy_s", "nixl_gbps", "memcpy_gbps", "ratio", "reference_ratio"}
+ROW_KEYS = {"case", "pattern", "tokens", "pages", "bytes", "descriptors", "writes", "nixl_s",
+            "post_s", "memcpy_s", "nixl_gbps", "memcpy_gbps", "ratio", "reference_ratio"}
 
 
 def run(tmp_path, *args: str) -> dict:
     out = tmp_path / "transfer.json"
     result = transfer.main(["--tokens", "16,48", "--reference-mib", "2", "--reps", "1",
-                            "--out", str(out), *args])
+                            "--chunk-tokens", "32", "--out", str(out), *args])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     return result
 
@@ -27,12 +27,15 @@ def check(result: dict, device: str, page_bytes: int) -> None:
     assert reference["descriptors"] == 1
     assert reference["bytes"] == -(-2 * 2**20 // page_bytes) * page_bytes
     assert result["latency"]["descriptors"] == 1 and result["latency"]["nixl_s"] > 0
-    assert [(r["case"], r["pattern"], r["pages"], r["descriptors"]) for r in rows] == [
-        ("2 MB", "contiguous", reference["bytes"] // page_bytes, 1),
-        ("16-token prompt", "contiguous", 1, 1),
-        ("16-token prompt", "scattered", 1, 1),
-        ("48-token prompt", "contiguous", 3, 1),
-        ("48-token prompt", "scattered", 3, 3),
+    assert [(r["case"], r["pattern"], r["pages"], r["descriptors"], r["writes"])
+            for r in rows] == [
+        ("2 MB", "contiguous", reference["bytes"] // page_bytes, 1, 1),
+        ("16-token prompt", "contiguous", 1, 1, 1),
+        ("16-token prompt", "scattered", 1, 1, 1),
+        ("16-token prompt", "chunks of 32", 1, 1, 1),
+        ("48-token prompt", "contiguous", 3, 1, 1),
+        ("48-token prompt", "scattered", 3, 3, 1),
+        ("48-token prompt", "chunks of 32", 3, 2, 2),  # pages 0-1, then 2
     ]
     for r in rows:
         assert set(r) == ROW_KEYS
