@@ -57,7 +57,7 @@ class Transfer:
         self.posted = time.perf_counter() if posted is None else posted
         self.seconds: float | None = None  # post to DONE, once a poll saw it
         self._state = ""
-        self._settle(first)
+        self._record(first)
         self.bytes = size
         self.descriptors = descs
         self.released = False
@@ -71,7 +71,7 @@ class Transfer:
             return None
         return self.bytes / self.seconds / 1e9
 
-    def _settle(self, state: str) -> None:
+    def _record(self, state: str) -> None:
         if state == "DONE" and self._state != "DONE":
             self.seconds = time.perf_counter() - self.posted
         self._state = state
@@ -86,7 +86,7 @@ class Transfer:
         """
         if self._state == "PROC" and not self.released:
             try:
-                self._settle(self._agent.check_xfer_state(self._handle))
+                self._record(self._agent.check_xfer_state(self._handle))
             except NIXL_ERRORS as exc:
                 self._state = "ERR"
                 self.error = f"{type(exc).__name__}: {exc}"
