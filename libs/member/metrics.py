@@ -23,6 +23,8 @@ PROMETHEUS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 BYTES_BUCKETS = tuple(float(4**k) for k in range(8, 17))  # 64 KiB .. 4 GiB
+DESCRIPTOR_BUCKETS = tuple(float(4**k) for k in range(0, 7))  # 1 .. 4096
+GBPS_BUCKETS = (0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000, 3000)
 
 
 class MemberMetrics:
@@ -38,6 +40,14 @@ class MemberMetrics:
         self.transfer_bytes = Histogram(
             "pdmesh_kv_transfer_bytes", "Bytes of KV written for one room",
             list(labels), buckets=BYTES_BUCKETS, registry=self.registry,
+        ).labels(**labels)
+        self.transfer_descriptors = Histogram(
+            "pdmesh_kv_transfer_descriptors", "NIXL descriptors of one room's KV writes",
+            list(labels), buckets=DESCRIPTOR_BUCKETS, registry=self.registry,
+        ).labels(**labels)
+        self.transfer_gbps = Histogram(
+            "pdmesh_kv_transfer_gbps", "GB/s of a room's last KV write, post to done",
+            list(labels), buckets=GBPS_BUCKETS, registry=self.registry,
         ).labels(**labels)
 
         if role == "decode":  # the decode streams the tokens: it sees both latencies

@@ -16,7 +16,7 @@ from nixl import _bindings
 from nixl._api import nixl_agent, nixl_agent_config, nixl_xfer_handle
 
 from libs.transfer.errors import LayoutMismatch, PeerExists, TransferFailed, UnknownPeer
-from libs.transfer.layout import PoolLayout, check_pages, coalesce, descriptors
+from libs.transfer.layout import PageIds, PoolLayout, plan
 
 log = logging.getLogger(__name__)
 
@@ -28,21 +28,53 @@ NIXL_ERRORS: tuple[type[Exception], ...] = tuple(
 )
 
 
+def settle(device: torch.device) -> None:
+    """Return once ``device`` has run every kernel queued on it so far (no-op on a CPU).
+
+    UCX reads a GPU pool on its own CUDA stream, which torch's stream order does not
+    cover: whoever wrote pages calls this before a write of them is posted. Called from
+    a worker thread (the prefill's compute thread, a staging pack), never from the loop.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class Transfer:
-    """Handle of one posted WRITE. Terminal poll results are cached: NIXL is not asked twice."""
+    """Handle of one posted WRITE. Terminal poll results are cached: NIXL is not asked twice.
+
+    ``seconds`` runs from just before the post to the first poll that saw DONE (the post
+    itself when it finished the write, as a CMA write on one host does). Completion is
+    only seen when someone polls, so a write left in flight while its owner computes is
+    timed up to that owner's next poll.
+    """
 
     def __init__(self, handle: nixl_xfer_handle, agent: nixl_agent, first: str, size: int,
-                 descs: int, live: set[Transfer]) -> None:
+                 descs: int, live: set[Transfer], posted: float | None = None) -> None:
         self._handle = handle
         self._agent = agent
         self._live = live  # the owner's unreleased handles: this one until it is released
         live.add(self)
-        self._state = first
+        self.posted = time.perf_counter() if posted is None else posted
+        self.seconds: float | None = None  # post to DONE, once a poll saw it
+        self._state = ""
+        self._record(first)
         self.bytes = size
         self.descriptors = descs
         self.released = False
         self.withheld = False  # its owner gave up fencing it and keeps its pages (not a leak)
         self.error = ""  # why the backend ended it in ERR, when it said
+
+    @property
+    def gbps(self) -> float | None:
+        """Bytes per nanosecond (GB/s) from post to DONE; None until DONE was seen."""
+        if not self.seconds:
+            return None
+        return self.bytes / self.seconds / 1e9
+
+    def _record(self, state: str) -> None:
+        if state == "DONE" and self._state != "DONE":
+            self.seconds = time.perf_counter() - self.posted
+        self._state = state
 
     def poll(self) -> str:
         """``"PROC"``, ``"DONE"`` or ``"ERR"``; never raises.
@@ -54,7 +86,7 @@ class Transfer:
         """
         if self._state == "PROC" and not self.released:
             try:
-                self._state = self._agent.check_xfer_state(self._handle)
+                self._record(self._agent.check_xfer_state(self._handle))
             except NIXL_ERRORS as exc:
                 self._state = "ERR"
                 self.error = f"{type(exc).__name__}: {exc}"
@@ -174,37 +206,30 @@ class KvAgent:
         self,
         peer_name: str,
         peer_layout: PoolLayout,
-        src_pages: list[int],
-        dst_pages: list[int],
+        src_pages: PageIds,
+        dst_pages: PageIds,
         notif: bytes | None = None,
     ) -> Transfer:
         """Post ONE WRITE of local ``src_pages`` into the peer's ``dst_pages``.
 
-        Consecutive runs are merged into single descriptors. ``notif`` is delivered to the
-        peer after the data of this WRITE. Raises LayoutMismatch, UnknownPeer, or
+        Page pairs consecutive on both sides merge into one descriptor, so a request whose
+        pages are one run on each side moves as one. ``notif`` is delivered to the peer
+        after the data of this WRITE. Raises LayoutMismatch, UnknownPeer, or
         TransferFailed if NIXL refuses the request.
+
+        A GPU pool is read by UCX on its own CUDA stream, outside torch's stream order:
+        the kernels that wrote ``src_pages`` must have finished before this call
+        (:func:`settle`).
         """
         if peer_name not in self._peers:
             raise UnknownPeer(peer_name)
-        if peer_layout.page_bytes != self._layout.page_bytes:
-            raise LayoutMismatch(
-                f"page_bytes {self._layout.page_bytes} != peer {peer_layout.page_bytes}"
-            )
-        if not src_pages or len(src_pages) != len(dst_pages):
-            raise LayoutMismatch("src_pages and dst_pages must be equal-length and non-empty")
-        if len(set(dst_pages)) != len(dst_pages):
-            raise LayoutMismatch("duplicate destination pages")
-        check_pages(self._layout, src_pages, "source")
-        check_pages(peer_layout, dst_pages, "destination")
-        runs = coalesce(src_pages, dst_pages)
-        counts = [r.count for r in runs]
-        local = descriptors(self._layout, [r.src for r in runs], counts)
-        remote = descriptors(peer_layout, [r.dst for r in runs], counts)
+        posted = time.perf_counter()
+        write = plan(self._layout, peer_layout, src_pages, dst_pages)
         try:
             handle = self._agent.initialize_xfer(
                 "WRITE",
-                self._agent.get_xfer_descs(local, self._layout.mem_type),
-                self._agent.get_xfer_descs(remote, peer_layout.mem_type),
+                self._agent.get_xfer_descs(write.local, self._layout.mem_type),
+                self._agent.get_xfer_descs(write.remote, peer_layout.mem_type),
                 peer_name,
                 notif or b"",
             )
@@ -220,8 +245,8 @@ class KvAgent:
             except NIXL_ERRORS as again:
                 log.warning("release after a failed post refused: %s", again)
             raise TransferFailed(f"{type(exc).__name__}: {exc}") from exc
-        size = len(src_pages) * self._layout.page_bytes
-        return Transfer(handle, self._agent, first, size, len(runs), self._live)
+        size = write.pages * self._layout.page_bytes
+        return Transfer(handle, self._agent, first, size, write.descriptors, self._live, posted)
 
     def get_notifs(self) -> list[tuple[str, bytes]]:
         """New notifications since the last call, as (peer agent name, message).

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from libs.member.formats import FORMATS, NATIVE
+from libs.transfer.agent import settle
 from libs.transfer.kvwire import Nvfp4PageFormat
 
 
@@ -54,6 +55,7 @@ class KvWire:
             return
         index = torch.tensor(list(pages), device=self.pool.device)
         self.region[index] = self.format.encode(self.pool[index], last_page_tokens)
+        settle(self.region.device)  # the write posted next reads these slots
 
     def unpack(self, pages: Sequence[int]) -> None:
         """Decode the slots of ``pages`` into those KV pages, in the pool's dtype."""

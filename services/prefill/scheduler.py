@@ -9,7 +9,9 @@ on the compute thread with `Engine.prefill_batch`.
 A chunk that is already computing always ends before its caller returns, even
 when the caller is cancelled: its KV lands in the caller's pages, which must
 not be freed (and reused) under a running forward pass. When every caller of
-a running pass has left, the pass stops at the next layer boundary (W1).
+a running pass has left, the pass stops at the next layer boundary (W1). On a
+GPU a pass returns only once the device has run it (`settle`), so the NIXL
+write its caller posts next reads the chunk's KV, not what the pages held.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from libs.engine.engine import Engine, ForwardCancelled, PrefillSeq
 from libs.member.loop import ComputeLoop
 from libs.member.timeouts import TIMEOUTS
+from libs.transfer.agent import settle
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +116,9 @@ class PrefillScheduler(ComputeLoop):
     def _forward(self, seqs: list[PrefillSeq], should_stop) -> torch.Tensor:
         if self.stall_forward:
             time.sleep(self.stall_forward)  # blocks the compute thread, as a wedge would
-        return self.engine.prefill_batch(seqs, should_stop)
+        logits = self.engine.prefill_batch(seqs, should_stop)
+        settle(self.engine.pool.device)
+        return logits
 
     def busy(self) -> bool:
         return bool(self.pending or self.running)
@@ -127,3 +132,4 @@ class PrefillScheduler(ComputeLoop):
             batch.append(self.pending.pop(0))
             total += n
         return batch
+

@@ -4,10 +4,18 @@ decode's pool over NIXL as it goes.
 Per request: validate everything before any state exists (a forged or stale
 TransferInfo creates nothing), create the room, allocate local pages, then per
 chunk run the forward pass on the compute thread and post a NIXL WRITE of the
-pages that chunk completed. The last write carries a KvReady notification, so
-the decode knows every page landed. Whatever ends the request (success, Abort,
-client gone, deadline, transfer error), its release fences in-flight writes
-before local pages go back to the pool.
+pages that chunk completed. A write is not awaited where it is posted: it moves
+while the next chunk computes, and all of them are awaited before the last
+write, which carries a KvReady notification, so the decode knows every page
+landed. Whatever ends the request (success, Abort, client gone, deadline,
+transfer error), its release fences in-flight writes before local pages go back
+to the pool.
+
+The "kv transfer" span (from the last chunk to KvReady landed) records the KV's
+bytes, its writes and their NIXL descriptors, and the GB/s of the last write:
+the one the request waits on, timed from its post to done. The earlier writes
+overlap compute, so their completion is only seen when polled and their time
+says nothing about the link.
 
 With ``--kv-transfer nvfp4`` a chunk's pages are first quantized (off the loop)
 into their staging slots, which is what the WRITE then reads; a slot has the id
@@ -201,7 +209,10 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
             notif = None if faults.drop_kv_ready else ready.SerializeToString()
             final = self._write(job, range(sent, len(dst)), dst, notif)
             await wait(final, deadline)
-            transfer_span.set_attribute("pdmesh.kv.status", "ok")
+            descriptors = sum(t.descriptors for t in job.transfers)
+            transfer_span.set_attributes({"pdmesh.kv.status": "ok",
+                                          "pdmesh.kv.descriptors": descriptors,
+                                          "pdmesh.kv.gbps": final.gbps or 0.0})
         room.transition(RoomState.SUCCESS, time.monotonic())
         elapsed = time.perf_counter() - started
         result = cpb.TransferResult(
@@ -216,6 +227,9 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
         )
         self.metrics.transfer_seconds.observe(elapsed)
         self.metrics.transfer_bytes.observe(result.bytes_written)
+        self.metrics.transfer_descriptors.observe(descriptors)
+        if final.gbps is not None:
+            self.metrics.transfer_gbps.observe(final.gbps)
         if faults.delay_transfer_result:
             await anyio.sleep(faults.delay_transfer_result)
         if not faults.drop_transfer_result:

@@ -390,6 +390,8 @@ def test_every_member_serves_its_prometheus_metrics(tiny_mesh):
         if m["role"] == "prefill":
             assert _sample(text, "pdmesh_kv_transfer_seconds_count") >= 1
             assert "pdmesh_kv_transfer_bytes_bucket" in text
+            assert _sample(text, "pdmesh_kv_transfer_descriptors_count") >= 1
+            assert _sample(text, "pdmesh_kv_transfer_gbps_count") >= 1
         else:  # 4 tokens: a first one, then three gaps
             assert _sample(text, "pdmesh_time_to_first_token_seconds_count") >= 1
             assert _sample(text, "pdmesh_inter_token_latency_seconds_count") >= 3

@@ -51,6 +51,8 @@ async def test_a_request_is_one_trace_across_router_prefill_and_decode(traced):
     assert transfer["parent"] == prefill["id"]
     assert transfer["attributes"]["pdmesh.kv.bytes"] > 0
     assert transfer["attributes"]["pdmesh.kv.status"] == "ok"
+    assert transfer["attributes"]["pdmesh.kv.descriptors"] >= 1
+    assert transfer["attributes"]["pdmesh.kv.gbps"] > 0
     assert by_service(spans, "pdmesh-decode", "generate")["parent"] == decode["id"]
     admission = by_service(spans, "pdmesh-decode", "admission")
     assert admission["parent"] == decode["id"] and admission["attributes"]["pdmesh.kv.pages"] > 0

@@ -1,4 +1,4 @@
-"""Descriptor coalescing and page checks (pure, no NIXL)."""
+"""Descriptor coalescing, write plans and page checks (pure, no NIXL)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.transfer import LayoutMismatch, PoolLayout, Run, coalesce
-from libs.transfer.layout import check_pages, descriptors
+from libs.transfer.layout import check_pages, descriptors, plan
 
 
 def test_coalesce_merges_runs_on_both_sides() -> None:
@@ -35,3 +35,45 @@ def test_descriptors_and_bounds() -> None:
     with pytest.raises(LayoutMismatch):
         check_pages(layout, [10], "dst")
     assert PoolLayout.from_dict(layout.to_dict()) == layout
+
+
+LOCAL = PoolLayout(base_addr=1 << 20, page_bytes=100, num_pages=64, mem_type="VRAM",
+                   device_id=0)
+REMOTE = PoolLayout(base_addr=1 << 30, page_bytes=100, num_pages=32, mem_type="VRAM",
+                    device_id=1)
+
+
+def test_plan_of_one_run_each_side_is_one_descriptor() -> None:
+    write = plan(LOCAL, REMOTE, list(range(10, 26)), list(range(4, 20)))
+    assert write.descriptors == 1 and write.pages == 16
+    assert write.local.tolist() == [[(1 << 20) + 1000, 1600, 0]]
+    assert write.remote.tolist() == [[(1 << 30) + 400, 1600, 1]]
+
+
+@given(st.lists(st.integers(0, 63), unique=True, min_size=1, max_size=32), st.randoms())
+def test_plan_matches_coalesce_whatever_the_ids(src: list[int], rnd: object) -> None:
+    dst = rnd.sample(range(REMOTE.num_pages), len(src))  # type: ignore[attr-defined]
+    if rnd.random() < 0.3:  # type: ignore[attr-defined]
+        src, dst = sorted(src), list(range(len(src)))  # often one run on one side or both
+    write = plan(LOCAL, REMOTE, src, dst)
+    expected = coalesce(src, dst)
+    assert write.descriptors == len(expected) and write.pages == len(src)
+    assert write.local[:, 0].tolist() == [LOCAL.base_addr + r.src * 100 for r in expected]
+    assert write.remote[:, 0].tolist() == [REMOTE.base_addr + r.dst * 100 for r in expected]
+    assert write.local[:, 1].tolist() == [r.count * 100 for r in expected]
+
+
+def test_plan_refuses_what_does_not_fit() -> None:
+    for src, dst in [
+        ([], []),
+        ([0, 1], [0]),
+        ([0, 1], [3, 3]),  # duplicate destination
+        (list(range(60, 65)), list(range(5))),  # the run leaves the local pool
+        ([0, 1], [31, 32]),  # ... the peer's
+        ([0, 5], [40, 2]),  # scattered, out of the peer's pool
+        ([-1, 0], [0, 1]),
+    ]:
+        with pytest.raises(LayoutMismatch):
+            plan(LOCAL, REMOTE, src, dst)
+    with pytest.raises(LayoutMismatch):  # pages of other sizes
+        plan(LOCAL, PoolLayout.from_dict({**REMOTE.to_dict(), "page_bytes": 50}), [0], [0])

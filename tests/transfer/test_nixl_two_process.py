@@ -47,6 +47,8 @@ def _write_and_check(prefill: KvAgent, peer: Peer, name: str, tag: bytes) -> Non
     import anyio
 
     anyio.run(wait, xfer, time.monotonic() + 10)
+    assert xfer.seconds is not None and xfer.gbps is not None and xfer.gbps > 0
+    assert xfer.bytes == len(src) * PAGE_BYTES
     assert xfer.release()
     assert peer.call("notifs", 10) == [(prefill.name, tag)]
     got = peer.call("pool")
