@@ -285,6 +285,6 @@ def paged_decode_attention(q: torch.Tensor, cache: torch.Tensor, layer: int,
     if split:
         _combine_kernel[(batch, n_heads)](
             part_m, part_l, part_acc, out, out.stride(0), out.stride(1), splits,
-            D=d, D_PAD=d_pad, S_PAD=_pow2(splits), num_warps=1,
+            D=d, D_PAD=d_pad, S_PAD=_pow2(splits), num_warps=4,
         )
     return out
