@@ -1,25 +1,43 @@
 """Step functions over a paged KV cache: chunked prefill and batched decode.
 
 No threads, no queues: a scheduler calls ``prefill`` and ``decode_step`` and owns the pages.
-Both steps run the same forward over a batch ``[B, T]`` of tokens: prefill packs its chunks into
-B=1 with T tokens, decode is B sequences with T=1. Each layer writes its new K/V into the pool
-with one index_copy_, gathers every attended key position with one index_select into
-``[B, Hkv, L, D]``, and attends under a causal / same-sequence / length mask. Index math is done
-once per step: a layer's rows are layer 0's plus a constant.
+A step packs its small inputs (tokens, positions, the pages of each sequence) into one
+int tensor on the host, moves it to the device in one copy and derives every index there:
+no index tensors built from Python lists per token or per layer. Attention writes the new
+K/V into the pool in place and reads keys where the pool holds them (attention.py).
+
+Decode is B sequences of one token. `decode_forward` runs over device tensors whose shapes
+depend only on B and the page table's width, so on CUDA the engine replays it from CUDA
+graphs captured per batch-size bucket (graphs.py), with a page table as wide as
+``max_context`` needs; ``cuda_graphs=False`` runs it eagerly, the reference the graphs are
+tested against. On CPU it always runs eagerly, the table as wide as the step's longest
+sequence needs.
+
+Prefill packs its chunks into B=1 with T tokens and attends under a block-diagonal causal
+mask (attention.PrefillAttention).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .attention import DecodeAttention, PrefillAttention
 from .config import ModelConfig
+from .graphs import DecodeGraphs
 from .kvpool import KvPool
 from .model import Weights, apply_rope, rms_norm, rope_tables, swiglu_mlp
 from .nvfp4 import linear
+
+DEFAULT_MAX_BATCH = 256  # the largest decode graph bucket unless the engine is told less
+
+# Columns of a packed decode step, one row a sequence, then the page table.
+TOKEN, POSITION, LENGTH, PAGES = 0, 1, 2, 3
 
 
 class ForwardCancelled(Exception):
@@ -41,7 +59,20 @@ class PrefillSeq:
 
 
 class Engine:
-    def __init__(self, config: ModelConfig, weights: Weights, pool: KvPool) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: Weights,
+        pool: KvPool,
+        *,
+        cuda_graphs: bool | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_context: int | None = None,
+    ) -> None:
+        """cuda_graphs: decode through CUDA graphs (default: on CUDA, yes). max_batch: the
+        largest graph bucket (a larger decode batch runs as several replays).
+        max_context: the longest sequence decode accepts (default the model's
+        max_position); it sizes the graphs' page table."""
         if pool.device != weights.device or pool.dtype != weights.dtype:
             raise ValueError("pool and weights must share device and dtype")
         self.config = config
@@ -49,6 +80,20 @@ class Engine:
         self.pool = pool
         self.device = weights.device
         self.cos, self.sin = rope_tables(config, self.device, weights.dtype)
+        self.max_context = config.max_position if max_context is None else max_context
+        if not 1 <= self.max_context <= config.max_position:
+            raise ValueError(f"max_context must be in 1..{config.max_position}")
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError("cuda_graphs needs an engine on a CUDA device")
+        self.graphs: DecodeGraphs | None = None
+        if cuda_graphs:
+            width = PAGES + pool.pages_for(self.max_context)
+            self.graphs = DecodeGraphs(
+                lambda inputs: self.decode_forward(inputs, self.max_context),
+                self.device, width, max_batch,
+            )
 
     def prefill(
         self, tokens: Sequence[int], pages: Sequence[int], start_pos: int = 0
@@ -72,112 +117,156 @@ class Engine:
         """
         if not seqs:
             raise ValueError("prefill_batch needs at least one sequence")
-        ps, dev = self.pool.page_size, self.device
-        q_pos, k_pos, q_owner, k_owner, rows, last = [], [], [], [], [], []
-        n_total = 0
-        for i, s in enumerate(seqs):
-            n = len(s.tokens)
-            if n == 0:
+        tokens, meta, width, n_keys = [], [], 0, 0
+        for s in seqs:
+            if len(s.tokens) == 0:
                 raise ValueError("prefill needs at least one token")
-            end = s.start_pos + n
-            self._check_pages(s.pages, end)
-            page_row = torch.tensor(list(s.pages[: self.pool.pages_for(end)]), device=dev)
-            q_pos.append(torch.arange(s.start_pos, end, device=dev))
-            k_pos.append(torch.arange(end, device=dev))
-            q_owner.append(torch.full((n,), i, device=dev))
-            k_owner.append(torch.full((end,), i, device=dev))
-            rows.append(page_row)
-            n_total += n
-            last.append(n_total - 1)
-        qp, kp = torch.cat(q_pos), torch.cat(k_pos)
-        # A query sees the keys of its own sequence at positions <= its own.
-        same_seq = torch.cat(q_owner)[:, None] == torch.cat(k_owner)[None, :]
-        mask = same_seq & (kp[None, :] <= qp[:, None])
-        key_pages = torch.cat([r[k // ps] for r, k in zip(rows, k_pos, strict=True)])
-        write_pages = torch.cat([r[q // ps] for r, q in zip(rows, q_pos, strict=True)])
-        tokens = torch.tensor([t for s in seqs for t in s.tokens], device=dev)
-        return self._forward(
-            tokens=tokens[None],
-            positions=qp[None],
-            write_pages=write_pages[None],
-            write_offs=(qp % ps)[None],
-            key_pages=key_pages[None],
-            key_offs=(kp % ps)[None],
-            mask=mask[None, None],
-            out_index=torch.tensor(last, device=dev),
-            should_stop=should_stop,
+            end = s.start_pos + len(s.tokens)
+            self._check_pages(s.pages, end, self.config.max_position)
+            tokens.extend(s.tokens)
+            meta.append((len(s.tokens), s.start_pos))
+            width = max(width, self.pool.pages_for(end))
+            n_keys += end
+        table = [list(s.pages[:width]) + [0] * (width - len(s.pages[:width])) for s in seqs]
+        # One host-to-device copy: tokens, then (length, start) of each chunk, then pages.
+        flat = [*tokens, *(v for m in meta for v in m), *(p for row in table for p in row)]
+        packed = torch.tensor(flat, dtype=torch.int64).to(self.device)
+        n, t = len(seqs), len(tokens)
+        meta_t = packed[t : t + 2 * n].view(n, 2)
+        attn, positions, last = self._prefill_indices(
+            meta_t[:, 0], meta_t[:, 1], packed[t + 2 * n :].view(n, width), t, n_keys
         )
+        return self._prefill_forward(packed[:t], positions, attn, last, should_stop)
+
+    def _prefill_indices(
+        self, lengths: torch.Tensor, starts: torch.Tensor, table: torch.Tensor,
+        n_tokens: int, n_keys: int,
+    ) -> tuple[PrefillAttention, torch.Tensor, torch.Tensor]:
+        """The pack's attention, each token's position and each chunk's last token index,
+        from the chunks' lengths and starts [N] and page table [N, W], on the device."""
+        ps, dev = self.pool.page_size, self.device
+        seq = torch.arange(len(lengths), device=dev)
+        ends = starts + lengths
+        q_owner = torch.repeat_interleave(seq, lengths, output_size=n_tokens)
+        q_first = torch.cumsum(lengths, 0) - lengths  # pack index of each chunk's first token
+        q_pos = starts[q_owner] + torch.arange(n_tokens, device=dev) - q_first[q_owner]
+        k_owner = torch.repeat_interleave(seq, ends, output_size=n_keys)
+        k_first = torch.cumsum(ends, 0) - ends
+        k_pos = torch.arange(n_keys, device=dev) - k_first[k_owner]
+        # A query sees the keys of its own sequence at positions <= its own.
+        mask = (q_owner[:, None] == k_owner[None, :]) & (k_pos[None, :] <= q_pos[:, None])
+        attn = PrefillAttention(
+            self.pool.tensor,
+            write_pages=table[q_owner, q_pos // ps], write_slots=q_pos % ps,
+            key_pages=table[k_owner, k_pos // ps], key_slots=k_pos % ps, mask=mask,
+        )
+        return attn, q_pos, torch.cumsum(lengths, 0) - 1
 
     @torch.inference_mode()
-    def decode_step(self, seqs: Sequence[DecodeSeq]) -> torch.Tensor:
-        """One token for each of B sequences in one forward; logits [B, vocab] (fp32)."""
+    def decode_step(self, seqs: Sequence[DecodeSeq], copy: bool = True) -> torch.Tensor:
+        """One token for each of B sequences in one forward; logits [B, vocab] (fp32) on the
+        engine's device.
+
+        Through CUDA graphs the logits are the graph's output buffer, valid until the next
+        decode step: ``copy=True`` (the default) returns a copy the caller keeps,
+        ``copy=False`` the buffer itself (one device copy less a step, for a caller that
+        reads it before its next decode step)."""
         if not seqs:
             raise ValueError("decode_step needs at least one sequence")
-        ps, dev = self.pool.page_size, self.device
-        n_pages = [self.pool.pages_for(s.pos + 1) for s in seqs]
         for s in seqs:
-            self._check_pages(s.pages, s.pos + 1)
-        width = max(n_pages)
-        table = [list(s.pages[:k]) + [0] * (width - k) for s, k in zip(seqs, n_pages, strict=True)]
-        pos_list = [s.pos for s in seqs]
-        pos = torch.tensor(pos_list, device=dev)
-        write_pages = torch.tensor([s.pages[s.pos // ps] for s in seqs], device=dev)
-        j = torch.arange(max(pos_list) + 1, device=dev)  # key positions, padded to the longest
-        mask = j[None, :] <= pos[:, None]  # [B, L]
-        return self._forward(
-            tokens=torch.tensor([[s.token] for s in seqs], device=dev),
-            positions=pos[:, None],
-            write_pages=write_pages[:, None],
-            write_offs=(pos % ps)[:, None],
-            key_pages=torch.tensor(table, device=dev)[:, j // ps],  # pad slots hit page 0: masked
-            key_offs=(j % ps)[None].expand(len(seqs), -1),
-            mask=mask[:, None, None, :],
-        )
+            self._check_pages(s.pages, s.pos + 1, self.max_context)
+        packed = self._pack_decode(seqs)
+        if self.graphs is not None:
+            logits = self.graphs.run(packed)
+            return logits.clone() if copy else logits
+        return self.decode_forward(packed.to(self.device), max(s.pos for s in seqs) + 1)
 
-    def _check_pages(self, pages: Sequence[int], num_tokens: int) -> None:
+    def capture_decode_graphs(self, max_batch: int | None = None) -> list[int]:
+        """Capture the decode graphs now, for every bucket up to the one holding
+        ``max_batch`` sequences (default: all), rather than each at its first use: a
+        member calls this at start-up. Returns the batch sizes captured (none without
+        graphs). Raises GraphOutOfMemory naming the flags to change."""
+        if self.graphs is None:
+            return []
+        with torch.inference_mode():
+            return self.graphs.capture_all(max_batch)
+
+    def _pack_decode(self, seqs: Sequence[DecodeSeq]) -> torch.Tensor:
+        """[B, PAGES + W] int32 on the host: token, position, length (position + 1) and the
+        pages covering positions 0..position, zero-padded to the widest row. (Through numpy:
+        a few times faster than torch.tensor on nested lists, ~0.15 ms at B=128.)"""
+        ps = self.pool.page_size
+        n_pages = [s.pos // ps + 1 for s in seqs]
+        width = max(n_pages)
+        rows = []
+        for s, n in zip(seqs, n_pages, strict=True):
+            row = [s.token, s.pos, s.pos + 1]
+            row.extend(s.pages[:n])
+            row.extend([0] * (width - n))
+            rows.append(row)
+        cols = PAGES + width
+        flat = np.fromiter(itertools.chain.from_iterable(rows), np.int32, len(rows) * cols)
+        packed = flat.reshape(len(rows), cols)
+        # Out-of-range ids would be out-of-bounds reads and writes in the CUDA kernels.
+        tokens, pages = packed[:, TOKEN], packed[:, PAGES:]
+        if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
+            raise ValueError(f"token id outside the vocabulary of {self.config.vocab_size}")
+        if pages.min() < 0 or pages.max() >= self.pool.num_pages:
+            raise ValueError(f"page id outside the pool's {self.pool.num_pages} pages")
+        return torch.from_numpy(packed)
+
+    def _check_pages(self, pages: Sequence[int], num_tokens: int, limit: int) -> None:
         need = self.pool.pages_for(num_tokens)
         if len(pages) < need:
             raise ValueError(f"{num_tokens} tokens need {need} pages, got {len(pages)}")
-        if num_tokens > self.config.max_position:
-            raise ValueError(f"position {num_tokens - 1} beyond max_position")
+        if num_tokens > limit:
+            what = "max_position" if limit == self.config.max_position else "max_context"
+            raise ValueError(f"position {num_tokens - 1} beyond {what} ({limit})")
 
-    def _rows(self, pages: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
-        """Layer-0 row indices into ``pool.tensor.view(-1, head_dim)`` of (page, slot) pairs.
+    def decode_forward(self, inputs: torch.Tensor, max_len: int) -> torch.Tensor:
+        """Logits [B, vocab] (fp32) of a packed decode step (`_pack_decode`'s layout, on
+        the engine's device; a row of zeros is padding: it writes no KV and its logits
+        are garbage). max_len bounds the sequences' lengths: it sizes the split of
+        attention over long contexts, so a graph passes its capacity."""
+        c, w = self.config, self.weights
+        b = inputs.shape[0]
+        h, hkv, d = c.n_heads, c.n_kv_heads, c.head_dim
+        positions = inputs[:, POSITION]
+        splits = 1
+        if self.device.type == "cuda":
+            from libs.kernels.paged_attention import num_splits
 
-        pages/offs: [...]; result: [2, Hkv, ...] over (K/V, kv head). A later layer's rows are
-        these plus ``layer * 2 * Hkv * page_size``, so a step builds its indices once.
-        """
-        c, ps = self.config, self.pool.page_size
-        kvh = torch.arange(2 * c.n_kv_heads, device=self.device).view(2, c.n_kv_heads) * ps
-        base = pages * (c.n_layers * 2 * c.n_kv_heads * ps) + offs
-        return kvh.view(2, c.n_kv_heads, *([1] * base.dim())) + base
+            splits = num_splits(b, hkv, max_len, self.device)
+        attend = DecodeAttention(
+            self.pool.tensor, inputs[:, PAGES:], inputs[:, LENGTH], splits
+        )
+        cos = self.cos[positions][:, None, :]  # [B, 1, D]
+        sin = self.sin[positions][:, None, :]
+        x = w.embed[inputs[:, TOKEN]]  # [B, dim]
+        for layer, lw in enumerate(w.layers):
+            qkv = linear(rms_norm(x, lw.attn_norm, c.norm_eps), lw.wqkv)
+            q, k, v = qkv.split([c.q_dim, c.kv_dim, c.kv_dim], -1)
+            q = apply_rope(q.view(b, h, d), cos, sin)
+            k = apply_rope(k.view(b, hkv, d), cos, sin)
+            x = x + linear(attend(q, k, v.view(b, hkv, d), layer), lw.wo)
+            x = x + swiglu_mlp(rms_norm(x, lw.ffn_norm, c.norm_eps), lw)
+        x = rms_norm(x, w.norm, c.norm_eps)
+        return F.linear(x, w.lm_head).float()
 
-    def _forward(
+    def _prefill_forward(
         self,
-        tokens: torch.Tensor,  # [B, T]
-        positions: torch.Tensor,  # [B, T]
-        write_pages: torch.Tensor,  # [B, T] page of each new token
-        write_offs: torch.Tensor,  # [B, T] slot in that page
-        key_pages: torch.Tensor,  # [B, L] page of each key position attended to
-        key_offs: torch.Tensor,  # [B, L] slot in that page
-        mask: torch.Tensor,  # [B, 1, T, L] bool, True = attend
-        out_index: torch.Tensor | None = None,  # B == 1: token indices whose logits to return
+        tokens: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        attend: PrefillAttention,
+        out_index: torch.Tensor,  # token indices whose logits to return
         should_stop: Callable[[], bool] | None = None,  # checked between layers
     ) -> torch.Tensor:
         c, w = self.config, self.weights
-        b, t = tokens.shape
-        h, hkv, d, ps = c.n_heads, c.n_kv_heads, c.head_dim, self.pool.page_size
-        kv_len = key_pages.shape[1]
-        # The cache as rows of head_dim: writes and reads are one index_copy_/index_select each.
-        cache = self.pool.tensor.view(-1, d)
-        layer_stride = 2 * hkv * ps
-        # [B, T, 2, Hkv] rows for the new K/V, matching torch.stack([k, v], 2)'s layout.
-        write_rows = self._rows(write_pages, write_offs).permute(2, 3, 0, 1).reshape(-1)
-        # [2, B, Hkv, L] rows of every key position, straight into the attention layout.
-        read_rows = self._rows(key_pages, key_offs).transpose(1, 2).reshape(-1)
-        cos = self.cos[positions][:, :, None, :]  # [B, T, 1, D]
-        sin = self.sin[positions][:, :, None, :]
-        x = w.embed[tokens]  # [B, T, dim]
+        t = tokens.shape[0]
+        h, hkv, d = c.n_heads, c.n_kv_heads, c.head_dim
+        cos = self.cos[positions][None, :, None, :]  # [1, T, 1, D]
+        sin = self.sin[positions][None, :, None, :]
+        x = w.embed[tokens][None]  # [1, T, dim]
         for layer, lw in enumerate(w.layers):
             if should_stop is not None and should_stop():
                 # Every request of this pass is gone: stop at a layer boundary rather than
@@ -185,32 +274,11 @@ class Engine:
                 raise ForwardCancelled(f"stopped before layer {layer}")
             qkv = linear(rms_norm(x, lw.attn_norm, c.norm_eps), lw.wqkv)
             q, k, v = qkv.split([c.q_dim, c.kv_dim, c.kv_dim], -1)
-            q = apply_rope(q.view(b, t, h, d), cos, sin)
-            k = apply_rope(k.view(b, t, hkv, d), cos, sin)
-            off = layer * layer_stride
-            new_kv = torch.stack([k, v.view(b, t, hkv, d)], 2).view(-1, d)
-            cache.index_copy_(0, write_rows + off, new_kv)
-            kv = cache.index_select(0, read_rows + off).view(2, b, hkv, kv_len, d)
-            x = x + linear(_attend(q, kv[0], kv[1], mask), lw.wo)
+            q = apply_rope(q.view(1, t, h, d), cos, sin)
+            k = apply_rope(k.view(1, t, hkv, d), cos, sin)
+            x = x + linear(attend(q, k, v.view(1, t, hkv, d), layer), lw.wo)
             if should_stop is not None and should_stop():  # and halfway: a long pack's
                 raise ForwardCancelled(f"stopped in layer {layer}")  # layer is ~40 ms on CPU
             x = x + swiglu_mlp(rms_norm(x, lw.ffn_norm, c.norm_eps), lw)
-        x = x[0, out_index] if out_index is not None else x[:, -1]  # only these logits are used
-        x = rms_norm(x, w.norm, c.norm_eps)
+        x = rms_norm(x[0, out_index], w.norm, c.norm_eps)  # only these logits are used
         return F.linear(x, w.lm_head).float()
-
-
-def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """q [B, T, H, D], k/v [B, Hkv, L, D], mask [B, 1, T, L] -> [B, T, H * D].
-
-    One query per sequence (decode) uses grouped matmuls: on CPU that is several times faster
-    than SDPA with a boolean mask. Prefill chunks use SDPA, which never materialises T x L x H.
-    """
-    b, t, h, d = q.shape
-    hkv = k.shape[1]
-    if t == 1:
-        scores = (q.view(b, hkv, h // hkv, d) @ k.transpose(-1, -2)) * d**-0.5
-        scores = scores.masked_fill(~mask.view(b, 1, 1, -1), float("-inf"))
-        return (scores.softmax(-1) @ v).view(b, 1, h * d)
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=mask, enable_gqa=True)
-    return out.transpose(1, 2).reshape(b, t, h * d)

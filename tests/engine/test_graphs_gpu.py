@@ -1,0 +1,184 @@
+"""The CUDA decode path: graphs replay the eager forward (same greedy tokens on the same
+GPU and weights), one host-to-device copy a step, prefill against a dense forward."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from libs.engine.config import ModelConfig
+from libs.engine.engine import DecodeSeq, Engine, PrefillSeq
+from libs.engine.graphs import DecodeGraphs, GraphOutOfMemory
+from libs.engine.kvpool import KvPool
+from libs.engine.model import random_weights
+from libs.engine.nvfp4 import quantize_layer_linears
+
+from .helpers import dense_logits
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def _pair(config: ModelConfig, dtype: torch.dtype, nvfp4: bool = False, num_pages: int = 128,
+          max_batch: int = 256) -> tuple[Engine, Engine]:
+    """(eager, graphed) engines on the same GPU with the same weights."""
+    w = random_weights(config, seed=7)
+    if nvfp4:
+        w = quantize_layer_linears(w)
+    w = w.to("cuda", dtype)
+    out = []
+    for graphs in (False, True):
+        pool = KvPool(config, num_pages, 16, device="cuda", dtype=dtype)
+        out.append(Engine(config, w, pool, cuda_graphs=graphs, max_batch=max_batch))
+    return out[0], out[1]
+
+
+def _prompts(config: ModelConfig, lengths: list[int]) -> list[list[int]]:
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(3, config.vocab_size, (n,), generator=g).tolist() for n in lengths]
+
+
+def _greedy(eng: Engine, prompts: list[list[int]], steps: int):
+    """Batched greedy decode of every prompt: (tokens [B][steps], logits [steps, B, V])."""
+    seqs = []
+    for p in prompts:
+        pages = eng.pool.alloc(eng.pool.pages_for(len(p) + steps))
+        logits = eng.prefill(p, pages)
+        seqs.append(DecodeSeq(pages, len(p), int(logits.argmax())))
+    tokens, all_logits = [[s.token] for s in seqs], []
+    for _ in range(steps):
+        logits = eng.decode_step(seqs)
+        all_logits.append(logits.cpu())
+        for s, row, out in zip(seqs, logits.argmax(-1).tolist(), tokens, strict=True):
+            s.pos, s.token = s.pos + 1, row
+            out.append(row)
+    for s in seqs:
+        eng.pool.free(s.pages)
+    return tokens, torch.stack(all_logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_graph_greedy_equals_eager_smollm2_shape(dtype):
+    config = ModelConfig.smollm2()
+    eager, graphed = _pair(config, dtype)
+    prompts = _prompts(config, [3, 17, 64, 100, 250])
+    te, le = _greedy(eager, prompts, 24)
+    tg, lg = _greedy(graphed, prompts, 24)
+    assert tg == te
+    assert graphed.graphs is not None and 8 in graphed.graphs.graphs  # 5 rows: bucket 8
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
+    torch.testing.assert_close(lg, le, atol=tol, rtol=tol)
+
+
+def test_graph_greedy_equals_eager_with_nvfp4_weights():
+    """The NVFP4 linears' prepared launches are captured too (warmed up on the capture
+    stream first)."""
+    config = ModelConfig.smollm2()
+    eager, graphed = _pair(config, torch.bfloat16, nvfp4=True)
+    prompts = _prompts(config, [5, 40, 130])
+    assert _greedy(graphed, prompts, 16)[0] == _greedy(eager, prompts, 16)[0]
+
+
+def test_capture_at_start_and_a_batch_above_the_largest_bucket():
+    config = ModelConfig.tiny()
+    eager, graphed = _pair(config, torch.bfloat16, max_batch=4)
+    assert graphed.capture_decode_graphs() == [1, 2, 4]
+    assert eager.capture_decode_graphs() == []
+    prompts = _prompts(config, [4, 9, 16, 17, 33, 2])  # 6 rows: replays of 4 and 2
+    assert _greedy(graphed, prompts, 8)[0] == _greedy(eager, prompts, 8)[0]
+
+
+def test_one_host_to_device_copy_a_step_and_no_sync():
+    config = ModelConfig.tiny()
+    _, eng = _pair(config, torch.bfloat16)
+    seqs = []
+    for p in _prompts(config, [10, 20, 30]):
+        pages = eng.pool.alloc(eng.pool.pages_for(len(p) + 16))
+        eng.prefill(p, pages)
+        seqs.append(DecodeSeq(pages, len(p), 5))
+    eng.decode_step(seqs)  # captures bucket 4
+    torch.cuda.synchronize()
+    steps = 5
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            eng.decode_step(seqs, copy=False)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    h2d = [n for n in names if "HtoD" in n]
+    assert len(h2d) == steps, h2d
+    assert not [n for n in names if "DtoH" in n]
+    syncs = [n for n in names if n in ("cudaStreamSynchronize", "cudaDeviceSynchronize")]
+    assert len(syncs) == 1, syncs  # the final torch.cuda.synchronize() only
+
+
+def test_decode_from_a_worker_thread():
+    """The batcher steps in worker threads: graphs captured in one replay in another."""
+    config = ModelConfig.tiny()
+    eager, graphed = _pair(config, torch.bfloat16)
+    prompts = _prompts(config, [7, 12])
+    want = _greedy(eager, prompts, 6)[0]
+    got = []
+    thread = threading.Thread(target=lambda: got.append(_greedy(graphed, prompts, 6)[0]))
+    thread.start()
+    thread.join()
+    assert got == [want]
+    assert _greedy(graphed, prompts, 6)[0] == want  # and back on the main thread
+
+
+def test_capture_out_of_memory_names_the_flags():
+    def forward(rows):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    graphs = DecodeGraphs(forward, "cuda", 8, 4)
+    with pytest.raises(GraphOutOfMemory, match="--max-batch"):
+        graphs.capture(4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_prefill_matches_a_dense_forward(dtype):
+    """Chunked and packed prefill on the GPU: SDPA over keys gathered from the pages the
+    chunk wrote in place."""
+    config = ModelConfig.smollm2()
+    eng = _pair(config, dtype)[1]
+    a, b = _prompts(config, [300, 45])
+    pa, pb = eng.pool.alloc(eng.pool.pages_for(300)), eng.pool.alloc(eng.pool.pages_for(45))
+    first = eng.prefill(a[:128], pa)
+    packed = eng.prefill_batch([PrefillSeq(a[128:], pa, 128), PrefillSeq(b, pb, 0)])
+    ref_a, ref_b = dense_logits(eng, a), dense_logits(eng, b)
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-3
+    got = torch.stack([first, packed[0], packed[1]]).cpu()
+    want = torch.stack([ref_a[127], ref_a[299], ref_b[44]]).cpu()
+    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+
+
+@pytest.mark.gpu_smoke
+def test_gpu_smoke_graph_decode():
+    config = ModelConfig.tiny()
+    eager, graphed = _pair(config, torch.bfloat16, max_batch=8)
+    prompts = _prompts(config, [5, 30, 61])
+    assert _greedy(graphed, prompts, 8)[0] == _greedy(eager, prompts, 8)[0]
+
+
+@pytest.mark.gpu_smoke
+def test_gpu_smoke_prefill():
+    config = ModelConfig.tiny()
+    eng = _pair(config, torch.float32)[1]
+    (a,) = _prompts(config, [70])
+    pages = eng.pool.alloc(eng.pool.pages_for(70))
+    eng.prefill(a[:33], pages)
+    last = eng.prefill(a[33:], pages, 33)
+    torch.testing.assert_close(last.cpu(), dense_logits(eng, a)[-1].cpu(), atol=1e-3,
+                               rtol=1e-3)

@@ -1,0 +1,182 @@
+"""The paged decode-attention kernels against the engine's torch attention.
+
+Where there is a GPU they run compiled on it; elsewhere under Triton's interpreter on CPU
+tensors (so CI checks the kernels' logic without a GPU). The interpreter must be chosen
+before triton is first imported (its own library functions are jit functions too), so on
+a CPU-only run one test re-runs this module in a subprocess with TRITON_INTERPRET=1. The
+reference is the engine's CPU decode attention (libs/engine/attention.py): the pages
+gathered, grouped matmuls.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from libs.engine.attention import DecodeAttention  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+INTERPRETED = not CUDA and os.environ.get("TRITON_INTERPRET") == "1"
+DEVICE = "cuda" if CUDA else "cpu"
+
+if CUDA or INTERPRETED:
+    from libs.kernels import paged_attention as pa
+# Without a GPU the kernel tests run in test_kernels_under_the_interpreter's subprocess.
+kernels = pytest.mark.skipif(not (CUDA or INTERPRETED), reason="run under the interpreter")
+
+
+def test_kernels_under_the_interpreter():
+    """This module's tests, run by Triton's interpreter in a fresh process."""
+    if CUDA or INTERPRETED:
+        pytest.skip("running them in this process")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__))],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout + proc.stderr
+
+
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def _step(page_size: int, hkv: int, group: int, d: int, lengths: list[int],
+          dtype: torch.dtype, seed: int = 0, n_layers: int = 2):
+    """A random pool, a random page table (distinct pages per sequence), and q/k/v."""
+    g = torch.Generator().manual_seed(seed)
+    width = max(-(-max(lengths) // page_size), 1)
+    n_pages = width * len(lengths) + 3
+    cache = torch.randn(n_pages, n_layers, 2, hkv, page_size, d, generator=g).to(dtype)
+    perm = torch.randperm(n_pages, generator=g)[: width * len(lengths)]
+    table = perm.view(len(lengths), width).to(torch.int32)
+    b, h = len(lengths), hkv * group
+    q, k, v = (torch.randn(b, n, d, generator=g).to(dtype) for n in (h, hkv, hkv))
+    lengths_t = torch.tensor(lengths, dtype=torch.int32)
+    return cache, table, lengths_t, q, k, v
+
+
+def _run_reference(cache, table, lengths, q, k, v, layer):
+    """The engine's CPU attention on CPU copies: (pool after the store, output [B, H, D])."""
+    cache = cache.clone()
+    out = DecodeAttention(cache, table, lengths)(q, k, v, layer)
+    return cache, out.view(q.shape)
+
+
+def _run_kernels(cache, table, lengths, q, k, v, layer, splits):
+    to = {"device": DEVICE}
+    cache, table, lengths = cache.clone().to(**to), table.to(**to), lengths.to(**to)
+    q, k, v = q.to(**to), k.to(**to), v.to(**to)
+    pa.store_kv(k, v, cache, layer, table, lengths)
+    out = pa.paged_decode_attention(q, cache, layer, table, lengths, splits)
+    return cache.cpu(), out.cpu()
+
+
+CASES = [  # page_size, kv heads, query heads per kv head, head_dim, dtype
+    (5, 3, 3, 64, torch.float32),  # SmolLM2's grouping, a page size that is not 2^k
+    (1, 1, 4, 32, torch.bfloat16),
+    (32, 2, 1, 16, torch.float16),  # no grouping (MHA)
+    (16, 3, 3, 64, torch.bfloat16),
+    (8, 1, 8, 128, torch.float16),  # a wide group and head
+]
+
+
+@kernels
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "ps{}-kv{}-g{}-d{}-{}".format(*c))
+@pytest.mark.parametrize("splits", [1, 3])
+def test_matches_engine_attention(case, splits):
+    """Ragged lengths (a padding row of length 0 among them), random pages, GQA."""
+    page_size, hkv, group, d, dtype = case
+    lengths = [1, 37, 0, 70, page_size]
+    cache, table, lens, q, k, v = _step(page_size, hkv, group, d, lengths, dtype)
+    ref_cache, ref = _run_reference(cache, table, lens, q, k, v, layer=1)
+    got_cache, got = _run_kernels(cache, table, lens, q, k, v, layer=1, splits=splits)
+    assert torch.equal(got_cache, ref_cache)  # the same slots written, nothing else
+    live = lens > 0
+    torch.testing.assert_close(got[live].float(), ref[live].float(), atol=TOL[dtype],
+                               rtol=TOL[dtype])
+    assert (got[~live] == 0).all()  # a padding row attends to nothing
+
+
+@kernels
+def test_splits_agree_and_padding_writes_nothing():
+    cache, table, lens, q, k, v = _step(4, 2, 2, 16, [0, 0, 0], torch.float32)
+    before = cache.clone()
+    after, out = _run_kernels(cache, table, lens, q, k, v, layer=0, splits=4)
+    assert torch.equal(after, before) and (out == 0).all()
+    cache, table, lens, q, k, v = _step(4, 1, 2, 16, [150, 3], torch.float32, seed=1)
+    one = _run_kernels(cache, table, lens, q, k, v, layer=0, splits=1)[1]
+    for splits in (2, 5):
+        many = _run_kernels(cache, table, lens, q, k, v, layer=0, splits=splits)[1]
+        torch.testing.assert_close(many, one, atol=1e-5, rtol=1e-5)
+
+
+@kernels
+def test_num_splits_fills_the_gpu_without_tiny_splits():
+    dev = torch.device(DEVICE)
+    sms = pa._sm_count(dev)
+    for batch in (1, 2, 7, 64, 128, 256):
+        for max_len in (1, 100, 512, 8192):
+            s = pa.num_splits(batch, 3, max_len, dev)
+            assert 1 <= s <= pa.MAX_SPLITS
+            assert s == 1 or (s - 1) * 2 * pa.BLOCK_N < max_len  # every split has 2 blocks
+            assert s == 1 or batch * 3 * (s - 1) < 2 * sms  # no more than needed
+    assert pa.num_splits(1, 3, 8192, dev) > 8  # batch 1 at 8k spreads over the GPU
+
+
+@kernels
+def test_bad_arguments_are_typed_errors():
+    cache, table, lens, q, k, v = _step(16, 2, 2, 16, [5, 9], torch.float32)
+    with pytest.raises(TypeError, match="int32"):
+        pa.paged_decode_attention(q, cache, 0, table.long(), lens, 1)
+    with pytest.raises(TypeError, match="cache"):
+        pa.paged_decode_attention(q.double(), cache, 0, table, lens, 1)
+    with pytest.raises(ValueError, match="layer"):
+        pa.paged_decode_attention(q, cache, 2, table, lens, 1)
+    with pytest.raises(ValueError, match="splits"):
+        pa.paged_decode_attention(q, cache, 0, table, lens, 0)
+    with pytest.raises(ValueError, match="multiple"):
+        pa.paged_decode_attention(q[:, :3], cache, 0, table, lens, 1)
+    with pytest.raises(ValueError, match="B=2"):
+        pa.store_kv(k, v, cache, 0, table[:1], lens)
+    with pytest.raises(ValueError, match="contiguous pool"):
+        pa.store_kv(k, v, cache.transpose(0, 1), 0, table, lens)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("batch,length", [(1, 8192), (128, 512), (3, 3000)])
+def test_gpu_smollm2_shapes(batch, length):
+    """SmolLM2's heads in bf16: batch 1 at 8k context (many splits), batch 128 at 512."""
+    dev = torch.device("cuda")
+    lengths = [length - i for i in range(batch)]
+    cache, table, lens, q, k, v = _step(16, 3, 3, 64, lengths, torch.bfloat16, n_layers=2)
+    splits = pa.num_splits(batch, 3, length, dev)
+    ref_cache, ref = _run_reference(cache, table, lens, q, k, v, layer=1)
+    got_cache, got = _run_kernels(cache, table, lens, q, k, v, layer=1, splits=splits)
+    assert torch.equal(got_cache, ref_cache)
+    # The kernel keeps scores and probabilities in fp32, the reference rounds them to bf16:
+    # both are compared with the fp32 truth, the kernel must be no further from it.
+    truth = _run_reference(cache.float(), table, lens, q.float(), k.float(), v.float(), 1)[1]
+    err_kernel = (got.float() - truth).abs().max().item()
+    err_ref = (ref.float() - truth).abs().max().item()
+    assert err_kernel <= max(err_ref, 1e-2), (err_kernel, err_ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.gpu_smoke
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+def test_gpu_smoke_paged_attention():
+    cache, table, lens, q, k, v = _step(16, 3, 3, 64, [1000, 1, 0, 77], torch.bfloat16)
+    ref_cache, ref = _run_reference(cache, table, lens, q, k, v, layer=0)
+    for splits in (1, 8):
+        got_cache, got = _run_kernels(cache, table, lens, q, k, v, layer=0, splits=splits)
+        assert torch.equal(got_cache, ref_cache)
+        torch.testing.assert_close(got[:2].float(), ref[:2].float(), atol=2e-2, rtol=2e-2)
