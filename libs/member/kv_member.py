@@ -165,7 +165,7 @@ class KvMember:
         cls, role: int, name: str, model: str, device: str, num_pages: int | None,
         page_size: int, dtype: str = "float32", weights: str = "native",
         kv_transfer: str = "native", memory_fraction: float | None = None,
-        max_rooms: int = 256,
+        max_rooms: int = 256, cuda_graphs: bool = True,
     ) -> KvMember:
         """``num_pages`` None: sized to the device (see pool_pages). Raises
         UnsupportedKvShape when the model's KV cannot travel as ``kv_transfer``, and
@@ -188,7 +188,8 @@ class KvMember:
             wire = KvWire(kv_transfer, pool.tensor)
         log.info("KV pool: %s on %s", sizing.describe(num_pages, page_size, per_page), device)
         with out_of_memory_at_start(role_name, device, "building the engine"):
-            engine = Engine(loaded.config, loaded.weights, pool)
+            engine = Engine(loaded.config, loaded.weights, pool,
+                            cuda_graphs=None if cuda_graphs else False)
         agent = KvAgent(name, wire.region, wire.page_bytes)
         layout = cpb.KvLayout(
             model=model_fingerprint(loaded),
@@ -202,6 +203,19 @@ class KvMember:
             wire_page_bytes=wire.page_bytes,
         )
         return cls(role, name, loaded, pool, engine, agent, layout, wire)
+
+    def capture_decode_graphs(self, max_batch: int) -> None:
+        """Capture the engine's decode graphs for batches up to ``max_batch`` now, so the
+        first requests do not pay for it and a graph that does not fit stops the start
+        (DoesNotFit, naming the flags) rather than a request. A no-op without graphs."""
+        from libs.engine.graphs import GraphOutOfMemory
+
+        try:
+            buckets = self.engine.capture_decode_graphs(max_batch)
+        except GraphOutOfMemory as e:
+            raise DoesNotFit(str(e)) from None
+        if buckets:
+            log.info("decode graphs captured for batches of %s", buckets)
 
     @property
     def peer_role(self) -> int:

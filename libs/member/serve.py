@@ -78,6 +78,11 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str) -> None:
         f"(default {sizing.DEFAULT_GPU_MEMORY_FRACTION}; pdmesh up gives each member on a "
         "GPU its share of the mesh's)",
     )
+    parser.add_argument(
+        "--cuda-graphs", default="on", choices=["on", "off"],
+        help="on CUDA, decode steps replay CUDA graphs captured at start, one per batch-size "
+        "bucket (default on; off: the same forward launched eagerly)",
+    )
     parser.add_argument("--max-rooms", type=int, default=256, help="bound on concurrent rooms")
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     parser.add_argument(
@@ -138,6 +143,7 @@ async def serve_member(
                 role, name, args.model, args.device, args.kv_pages, args.page_size,
                 args.dtype, args.weights, args.kv_transfer,
                 memory_fraction=args.gpu_memory_fraction, max_rooms=args.max_rooms,
+                cuda_graphs=args.cuda_graphs == "on",
             )
         )
     except DoesNotFit as e:
@@ -155,6 +161,10 @@ async def serve_member(
     service = service_class(
         member, config, lambda: membership_ref[0].epoch if membership_ref else 0
     )
+    try:  # before registering: a member is paired only once it can serve at full speed
+        await anyio.to_thread.run_sync(service.prepare)
+    except DoesNotFit as e:
+        raise cannot_start(f"pdmesh {role_name}: {e}") from None
     running = await start_server(args.host, args.port, [
         (descriptor, service), (cpb.DESCRIPTOR.services_by_name["Admin"], service),
     ])

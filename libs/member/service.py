@@ -75,6 +75,10 @@ class MemberService(cgrpc.AdminServicer):
         """The request of this room while this member holds it."""
         return self.requests.get(key)
 
+    def prepare(self) -> None:
+        """Blocking start-up work before the member registers (run in a thread); may raise
+        DoesNotFit. Nothing by default."""
+
     async def run(self) -> None:
         """The service's own tasks (its compute loop among them); runs until cancelled."""
         raise NotImplementedError

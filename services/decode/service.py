@@ -91,6 +91,10 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
             config.max_rooms
         )
 
+    def prepare(self) -> None:
+        """Capture the decode graphs for every batch this service can step (CUDA)."""
+        self.member.capture_decode_graphs(self.config.max_batch)
+
     async def run(self) -> None:
         """The service's own tasks: the batch loop and the notification poller."""
         async with anyio.create_task_group() as tg:
