@@ -53,6 +53,7 @@ def to_completion_request(request: gpb.GenerateRequest) -> CompletionRequest:
         max_tokens=request.max_tokens or DEFAULT_MAX_TOKENS,
         temperature=request.temperature,
         top_p=request.top_p or 1.0,
+        top_k=request.top_k,
         seed=request.seed if request.HasField("seed") else None,
         stop=list(request.stop),
         stream=True,
