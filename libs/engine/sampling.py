@@ -16,6 +16,7 @@ Scores are float64 so that CPU and CUDA agree except at ties within float64 roun
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -64,7 +65,13 @@ def _splitmix64(x: int) -> int:
 
 def step_seed(seed: int, step: int) -> int:
     """A well-mixed 63-bit key for token `step` of a request seeded `seed`."""
-    return _splitmix64(_splitmix64(seed & _MASK64) ^ step) >> 1
+    return _splitmix64(_seed_state(seed) ^ step) >> 1
+
+
+@functools.lru_cache(maxsize=4096)
+def _seed_state(seed: int) -> int:
+    """The seed's half of step_seed, computed once per request rather than every step."""
+    return _splitmix64(seed & _MASK64)
 
 
 def _signed(x: int) -> int:
@@ -77,18 +84,31 @@ def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
     return (x >> bits) & ((1 << (64 - bits)) - 1)
 
 
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's output function on int64 bits.
+
+    int64 products wrap modulo 2**64 on CPU and CUDA alike, which is the uint64 arithmetic
+    SplitMix64 is defined in.
+    """
+    z = (z ^ _shr(z, 30)) * _signed(_MIX1)
+    z = (z ^ _shr(z, 27)) * _signed(_MIX2)
+    return z ^ _shr(z, 31)
+
+
+def step_keys(seed_states: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """``step_seed`` for a batch, on the tensors' device: [B] int64 from each row's
+    ``_seed_state(seed)`` (as int64 bits) and step."""
+    return _shr(_mix((seed_states ^ steps) + _signed(_GOLDEN)), 1)
+
+
 def token_uniforms(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     """``u[b, v]`` in (0, 1), float64: output ``v`` of SplitMix64 seeded by ``keys[b]``.
 
-    int64 products wrap modulo 2**64 on CPU and CUDA alike, which is the uint64 arithmetic
-    SplitMix64 is defined in; the top 53 bits become the uniform, centred in its interval so
-    that neither 0 nor 1 occurs.
+    The top 53 bits of each output become the uniform, centred in its interval so that
+    neither 0 nor 1 occurs.
     """
     offsets = torch.arange(1, vocab + 1, dtype=torch.int64, device=keys.device) * _signed(_GOLDEN)
-    z = keys[:, None] + offsets
-    z = (z ^ _shr(z, 30)) * _signed(_MIX1)
-    z = (z ^ _shr(z, 27)) * _signed(_MIX2)
-    z = z ^ _shr(z, 31)
+    z = _mix(keys[:, None] + offsets)
     return (_shr(z, 11).to(torch.float64) + 0.5) * 2.0**-53
 
 
@@ -111,14 +131,13 @@ class BatchSampling:
         steps: Sequence[int],
         device: torch.device | str,
     ) -> BatchSampling:
-        """The rows' parameters in one host-to-device copy: a [4, B] int64 tensor whose
-        float rows carry float64 bits."""
+        """The rows' parameters in one host-to-device copy: a [5, B] int64 tensor whose
+        float rows carry float64 bits; the step keys are mixed on the device."""
         floats = torch.tensor(
             [[p.temperature for p in params], [p.top_p for p in params]], dtype=torch.float64
         )
         ints = torch.tensor(
-            [[p.top_k for p in params],
-             [step_seed(s, n) for s, n in zip(seeds, steps, strict=True)]],
+            [[p.top_k for p in params], [_signed(_seed_state(s)) for s in seeds], list(steps)],
             dtype=torch.int64,
         )
         packed = torch.cat([floats.view(torch.int64), ints]).to(device)
@@ -126,7 +145,7 @@ class BatchSampling:
             temperature=packed[0].view(torch.float64),
             top_p=packed[1].view(torch.float64),
             top_k=packed[2],
-            key=packed[3],
+            key=step_keys(packed[3], packed[4]),
             greedy=all(p.temperature == 0 for p in params),
             filtered=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params),
         )

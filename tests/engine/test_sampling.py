@@ -10,6 +10,7 @@ from libs.engine.sampling import (
     SamplingParams,
     sample,
     sample_batch,
+    step_keys,
     step_seed,
     token_uniforms,
 )
@@ -81,13 +82,21 @@ def test_sampling_follows_distribution():
 _MASK = (1 << 64) - 1
 
 
-def _splitmix_reference(key: int, v: int) -> float:
-    """Output v of SplitMix64 seeded by key, in Python integers, as the sampler's uniform."""
-    z = (key + (v + 1) * 0x9E3779B97F4A7C15) & _MASK
+def _mix64(z: int) -> int:
+    """SplitMix64's output function, in Python integers."""
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    z ^= z >> 31
+    return z ^ (z >> 31)
+
+
+def _splitmix_reference(key: int, v: int) -> float:
+    """Output v of SplitMix64 seeded by key, in Python integers, as the sampler's uniform."""
+    z = _mix64((key + (v + 1) * 0x9E3779B97F4A7C15) & _MASK)
     return ((z >> 11) + 0.5) * 2.0**-53
+
+
+def _splitmix_state(seed: int) -> int:
+    return _mix64((seed + 0x9E3779B97F4A7C15) & _MASK)
 
 
 def _draw(logits, rows, device="cpu"):
@@ -104,6 +113,17 @@ def test_uniforms_are_splitmix64_of_the_step_key():
         for v in (0, 1, 2, 150, 299):
             assert u[b, v].item() == _splitmix_reference(key, v)
     assert 0 < u.min() and u.max() < 1
+
+
+def test_step_keys_on_the_device_are_step_seed():
+    seeds = [0, 1, 7, 2**62 + 5, 2**63 - 1, 2**64 - 1, 123456789]
+    steps = [0, 1, 2, 1000, 5, 3, 2**31]
+    states = []
+    for s in seeds:
+        state = _splitmix_state(s)
+        states.append(state - (1 << 64) if state >= 1 << 63 else state)
+    got = step_keys(torch.tensor(states), torch.tensor(steps)).tolist()
+    assert got == [step_seed(s, n) for s, n in zip(seeds, steps, strict=True)]
 
 
 def test_sample_is_a_batch_of_one():

@@ -10,8 +10,14 @@ from __future__ import annotations
 import time
 
 import anyio
+import pytest
 import torch
 
+from libs.engine.config import ModelConfig
+from libs.engine.engine import Engine
+from libs.engine.generate import generate
+from libs.engine.kvpool import KvPool
+from libs.engine.model import random_weights
 from libs.engine.sampling import SamplingParams, sample
 from services.decode.batcher import Batcher
 from services.decode.stream import Chunk, TokenStream
@@ -223,3 +229,43 @@ async def test_a_cancelled_sequence_ends_its_stream_without_a_finish():
 
     batcher = await with_batcher(FakeEngine(), body)
     assert not batcher.running and not batcher.waiting
+
+
+CUDA = pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.gpu_smoke,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+async def test_the_batch_samples_what_a_colocated_run_samples(device):
+    """A real engine: four sequences (greedy, top-p, top-k, plain temperature) decoded in
+    one batch whose make-up changes as they finish give each the tokens a colocated run
+    gives it alone, sampled step by step."""
+    config = ModelConfig.tiny()
+    weights = random_weights(config, seed=3).to(device, torch.float32)
+    engine = Engine(config, weights, KvPool(config, 64, 16, device=device, dtype=torch.float32))
+    prompts = [list(range(5 + i, 40 + 3 * i)) for i in range(4)]
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=16, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=1.2, top_k=50, seed=12, max_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=0.7, seed=13, max_tokens=16, ignore_eos=True),
+    ]
+    alone = [generate(engine, prompt, p) for prompt, p in zip(prompts, params, strict=True)]
+
+    async def together(batcher):
+        seqs = []
+        for prompt, p in zip(prompts, params, strict=True):  # prefilled before any step
+            pages = engine.pool.alloc(engine.pool.pages_for(len(prompt) + p.max_tokens))
+            first = sample(engine.prefill(prompt, pages), p, 0)
+            seqs.append(batcher.admit(pages, len(prompt), first, p))
+        out = []
+        for seq in seqs:
+            async with seq.receive:
+                out.append([item.token async for item in seq.receive])
+            await seq.released.wait()
+            engine.pool.free(seq.pages)
+        return out
+
+    assert await with_batcher(engine, together) == alone
