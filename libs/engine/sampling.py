@@ -120,7 +120,6 @@ class BatchSampling:
     top_p: torch.Tensor  # [B] float64
     top_k: torch.Tensor  # [B] int64; 0 = no top-k
     key: torch.Tensor  # [B] int64: step_seed(seed, step) of the row's request and step
-    greedy: bool  # every row is greedy: no randomness to draw
     filtered: bool  # some row has top-k or top-p
 
     @classmethod
@@ -130,9 +129,12 @@ class BatchSampling:
         seeds: Sequence[int],
         steps: Sequence[int],
         device: torch.device | str,
-    ) -> BatchSampling:
+    ) -> BatchSampling | None:
         """The rows' parameters in one host-to-device copy: a [5, B] int64 tensor whose
-        float rows carry float64 bits; the step keys are mixed on the device."""
+        float rows carry float64 bits; the step keys are mixed on the device. None when
+        every row is greedy: there is nothing to draw, and nothing to copy."""
+        if all(p.temperature == 0 for p in params):
+            return None
         floats = torch.tensor(
             [[p.temperature for p in params], [p.top_p for p in params]], dtype=torch.float64
         )
@@ -146,7 +148,6 @@ class BatchSampling:
             top_p=packed[1].view(torch.float64),
             top_k=packed[2],
             key=step_keys(packed[3], packed[4]),
-            greedy=all(p.temperature == 0 for p in params),
             filtered=any(p.temperature > 0 and (p.top_k > 0 or p.top_p < 1) for p in params),
         )
 
@@ -162,7 +163,7 @@ def _kept(logits: torch.Tensor, s: BatchSampling) -> torch.Tensor:
     k = torch.where(s.top_k > 0, s.top_k.clamp(max=vocab), vocab)
     rank = torch.arange(vocab, device=logits.device)
     in_k = rank[None, :] < k[:, None]
-    # the same float64 scaling as `scaled`, applied to the sorted logits
+    # top-p weighs the tokens by the distribution they are drawn from: after temperature
     sorted_scaled = order.to(torch.float64) / _safe(s.temperature)[:, None]
     probs = torch.softmax(sorted_scaled.masked_fill(~in_k, float("-inf")), dim=-1)
     reached = (probs.cumsum(-1) < s.top_p[:, None]).sum(-1) + 1
@@ -176,14 +177,15 @@ def _safe(temperature: torch.Tensor) -> torch.Tensor:
     return torch.where(temperature > 0, temperature, 1.0)
 
 
-def sample_batch(logits: torch.Tensor, sampling: BatchSampling) -> torch.Tensor:
+def sample_batch(logits: torch.Tensor, sampling: BatchSampling | None) -> torch.Tensor:
     """One token per row of ``logits`` [B, V]: ``[B]`` int64 on the logits' device.
 
-    Greedy rows (temperature 0) are exactly ``argmax``. The rest draw by Gumbel-max over
-    the tokens their filters keep, with uniforms from their own (seed, step) only.
+    Greedy rows (temperature 0; every row when ``sampling`` is None) are exactly
+    ``argmax``. The rest draw by Gumbel-max over the tokens their filters keep, with
+    uniforms from their own (seed, step) only.
     """
     greedy = logits.argmax(-1)
-    if sampling.greedy:
+    if sampling is None:
         return greedy
     gumbel = token_uniforms(sampling.key, logits.shape[-1]).log_().neg_().log_().neg_()
     scores = gumbel.add_(logits.to(torch.float64) / _safe(sampling.temperature)[:, None])
