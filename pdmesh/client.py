@@ -68,6 +68,7 @@ class GenerateClient:
         max_tokens: int = 0,
         temperature: float = 0.0,
         top_p: float = 1.0,
+        top_k: int = 0,
         seed: int | None = None,
         stop: list[str] | None = None,
         ignore_eos: bool = False,
@@ -80,6 +81,7 @@ class GenerateClient:
             max_tokens=max_tokens,
             temperature=temperature,
             top_p=top_p,
+            top_k=top_k,
             stop=stop or [],
             ignore_eos=ignore_eos,
         )

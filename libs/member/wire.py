@@ -30,6 +30,7 @@ def sampling_from_proto(params: cpb.SamplingParams) -> SamplingParams:
     return SamplingParams(
         temperature=params.temperature,
         top_p=params.top_p,
+        top_k=params.top_k,
         seed=params.seed,
         max_tokens=params.max_tokens,
         stop=list(params.stop),

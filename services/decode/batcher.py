@@ -1,94 +1,98 @@
 """Continuous batching: every admitted sequence advances one token per step.
 
-One task owns the batch. Each step runs the batched forward pass on the
-compute thread (the event loop never blocks on it), samples each sequence's
-next token, detokenizes, checks EOS / stop strings / max_tokens, and hands
-the result to the sequence's own bounded stream. A sequence leaves the batch
-when it finishes or is cancelled; its `released` event tells the owner that
-no step can touch its pages any more, so they may be freed.
+One task owns the batch. Each step runs the batched forward pass and samples the whole
+batch on the compute thread (the event loop never blocks on it), with one device-to-host
+copy of the sampled ids; EOS, stop tokens and max_tokens are checked on the host from that
+list, and each token goes to its sequence's own stream. Detokenizing and stop strings are
+the stream reader's work (`services/decode/stream.py`), done on the event loop while the
+next step computes. A sequence leaves the batch when it finishes or is cancelled; its
+`released` event tells the owner that no step can touch its pages any more, so they may
+be freed.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from libs.engine.engine import DecodeSeq, Engine
-from libs.engine.sampling import SamplingParams, sample
-from libs.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from libs.engine.sampling import BatchSampling, SamplingParams, request_seed, sample_batch
 from libs.member.loop import ComputeLoop
 from libs.member.timeouts import TIMEOUTS
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Emitted:
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None = None  # "stop" | "length" | "error" once finished
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """One token a step sampled for a sequence, as its stream receives it.
+
+    ``finish_reason`` is set on the sequence's last item: "stop" on an EOS or stop token
+    (which has no text of its own), "length" on the last token max_tokens allows, "error"
+    (with no token) when the step failed.
+    """
+
+    token: int
+    finish_reason: str | None = None
 
 
 @dataclass(eq=False)
 class Sequence:
     pages: list[int]
     prompt_len: int
-    first_token: int
     params: SamplingParams
-    detok: IncrementalDetokenizer
-    eos_ids: frozenset[int]
-    send: MemoryObjectSendStream[Emitted]
-    receive: MemoryObjectReceiveStream[Emitted]
+    seed: int
+    end_ids: frozenset[int]  # EOS (unless ignore_eos) and the request's stop tokens
+    send: MemoryObjectSendStream[Sampled]
+    receive: MemoryObjectReceiveStream[Sampled]
     generated: int = 0
     last_token: int = 0
     cancelled: bool = False
     finished: bool = False
     released: anyio.Event = field(default_factory=anyio.Event)
 
-    def accept(self, token: int) -> Emitted:
-        """Record one sampled token; returns what to emit (and whether it ended)."""
+    def accept(self, token: int) -> Sampled:
+        """Record one sampled token; returns what its stream receives."""
         self.generated += 1
         self.last_token = token
-        eos = token in self.eos_ids and not self.params.ignore_eos
-        if eos or token in self.params.stop_token_ids:
-            return Emitted([token], self.detok.finish(), "stop")
-        text = self.detok.push(token)
-        if self.detok.stopped:
-            return Emitted([token], text, "stop")
+        if token in self.end_ids:
+            return Sampled(token, "stop")
         if self.generated >= self.params.max_tokens:
-            return Emitted([token], text + self.detok.finish(), "length")
-        return Emitted([token], text)
+            return Sampled(token, "length")
+        return Sampled(token)
 
 
 class Batcher(ComputeLoop):
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, max_batch: int = 64,
+    def __init__(self, engine: Engine, eos_token_ids: Iterable[int], max_batch: int = 64,
                  stall_after: float = TIMEOUTS.decode_stall_seconds):
         super().__init__(stall_after)
         self.engine = engine
-        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(eos_token_ids)
         self.max_batch = max_batch
         self.running: list[Sequence] = []
         self.waiting: list[Sequence] = []
         self.steps = 0
 
     def admit(self, pages, prompt_len: int, first_token: int, params: SamplingParams) -> Sequence:
-        send, receive = anyio.create_memory_object_stream[Emitted](params.max_tokens + 2)
+        # every token of a sequence (and the error) fits: send_nowait never blocks the step
+        send, receive = anyio.create_memory_object_stream[Sampled](params.max_tokens + 2)
+        end_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
         seq = Sequence(
             pages=pages,
             prompt_len=prompt_len,
-            first_token=first_token,
             params=params,
-            detok=IncrementalDetokenizer(self.tokenizer, params.stop),
-            eos_ids=frozenset(self.tokenizer.eos_token_ids),
+            seed=request_seed(params),
+            end_ids=frozenset(end_ids),
             send=send,
             receive=receive,
         )
-        emitted = seq.accept(first_token)  # sampled by the prefill
-        send.send_nowait(emitted)
-        if emitted.finish_reason is not None:
+        sampled = seq.accept(first_token)  # sampled by the prefill
+        send.send_nowait(sampled)
+        if sampled.finish_reason is not None:
             self._finish(seq)
         else:
             self.waiting.append(seq)
@@ -123,32 +127,46 @@ class Batcher(ComputeLoop):
             except Exception:  # contained: the batch fails, the loop lives on
                 log.exception("decode step failed; failing %d sequences", len(self.running))
                 for seq in self.running:
-                    seq.send.send_nowait(Emitted([], "", "error"))
+                    seq.send.send_nowait(Sampled(-1, "error"))
                     self._finish(seq)
                 self.running.clear()
 
     async def _step(self) -> None:
+        running = list(self.running)
         batch = [
             DecodeSeq(pages=s.pages, pos=s.prompt_len + s.generated - 1, token=s.last_token)
-            for s in self.running
+            for s in running
         ]
         self._stepping = True
         try:
-            logits = await anyio.to_thread.run_sync(self.engine.decode_step, batch)
+            tokens = await anyio.to_thread.run_sync(self._decode, batch, running)
         finally:
             self._stepping = False
         self.steps += 1
         self.progressed()
-        for seq, row in zip(list(self.running), logits, strict=True):
+        for seq, token in zip(running, tokens, strict=True):
             if seq.cancelled:
                 self.running.remove(seq)
                 self._finish(seq)
                 continue
-            emitted = seq.accept(sample(row, seq.params, seq.generated))
-            seq.send.send_nowait(emitted)
-            if emitted.finish_reason is not None:
+            sampled = seq.accept(token)
+            seq.send.send_nowait(sampled)
+            if sampled.finish_reason is not None:
                 self.running.remove(seq)
                 self._finish(seq)
+
+    def _decode(self, batch: list[DecodeSeq], seqs: list[Sequence]) -> list[int]:
+        """On the compute thread: the forward pass, the batch's sampling, one copy back.
+
+        Token k of a sequence is drawn with step k (the prefill drew step 0), so its
+        stream is the one a colocated run would sample.
+        """
+        sampling = BatchSampling.build(
+            [s.params for s in seqs], [s.seed for s in seqs], [s.generated for s in seqs],
+            self.engine.device,
+        )
+        logits = self.engine.decode_step(batch)
+        return sample_batch(logits, sampling).tolist()
 
     def _finish(self, seq: Sequence) -> None:
         seq.finished = True

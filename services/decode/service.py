@@ -45,6 +45,7 @@ from pdmesh.v1 import decode_pb2 as dpb
 from pdmesh.v1 import decode_pb2_grpc as dgrpc
 from pdmesh.v1 import prefill_pb2_grpc as pgrpc
 from services.decode.batcher import Batcher, Sequence
+from services.decode.stream import TokenStream
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
 
     def __init__(self, member: KvMember, config: DecodeConfig, epoch=lambda: 0):
         self.batcher = Batcher(
-            member.engine, member.loaded.tokenizer, config.max_batch,
+            member.engine, member.loaded.tokenizer.eos_token_ids, config.max_batch,
             stall_after=TIMEOUTS.decode_stall_seconds if member.stall_after is None
             else member.stall_after,
         )
@@ -196,8 +197,8 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
         )
         with anyio.fail_after(max(0.0, deadline - time.monotonic())), \
                 span("generate") as generate_span:
-            await self._stream(seq, context, called)
-            generate_span.set_attribute("pdmesh.completion_tokens", seq.generated)
+            completion_tokens = await self._stream(seq, context, called)
+            generate_span.set_attribute("pdmesh.completion_tokens", completion_tokens)
 
     async def _unstage(self, slot: Slot) -> None:
         """nvfp4: dequantize the landed slots into the room's KV pages, off the loop.
@@ -212,28 +213,34 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
                                                    "pdmesh.kv.format": wire.name}):
                 await anyio.to_thread.run_sync(wire.unpack, pages)
 
-    async def _stream(self, seq: Sequence, context, called: float) -> None:
+    async def _stream(self, seq: Sequence, context, called: float) -> int:
+        """Send the sequence's tokens, several to a message when the writes fall behind,
+        then its Finish; returns the completion tokens."""
+        tokens = TokenStream(seq, self.member.loaded.tokenizer, self.batcher.cancel)
         last = None
         async with seq.receive:
-            async for emitted in seq.receive:
-                if emitted.token_ids or emitted.text:
-                    chunk = dpb.TokenChunk(token_ids=emitted.token_ids, text=emitted.text)
-                    await context.write(dpb.DecodeEvent(tokens=chunk))
+            while True:
+                try:
+                    chunk = await tokens.next()
+                except anyio.EndOfStream:
+                    raise RpcError(grpc.StatusCode.INTERNAL,
+                                   "sequence ended without a finish") from None
+                if chunk.token_ids or chunk.text:
+                    message = dpb.TokenChunk(token_ids=chunk.token_ids, text=chunk.text)
+                    await context.write(dpb.DecodeEvent(tokens=message))
                     now = time.perf_counter()
                     if last is None:
                         self.metrics.ttft.observe(now - called)
                     else:
                         self.metrics.itl.observe(now - last)
                     last = now
-                if emitted.finish_reason == "error":
+                if chunk.finish_reason == "error":
                     raise RpcError(grpc.StatusCode.INTERNAL, "decode step failed")
-                if emitted.finish_reason is not None:
-                    finish = dpb.Finish(
-                        finish_reason=emitted.finish_reason, completion_tokens=seq.generated
-                    )
+                if chunk.finish_reason is not None:
+                    finish = dpb.Finish(finish_reason=chunk.finish_reason,
+                                        completion_tokens=tokens.completion_tokens)
                     await context.write(dpb.DecodeEvent(finish=finish))
-                    return
-        raise RpcError(grpc.StatusCode.INTERNAL, "sequence ended without a finish")
+                    return tokens.completion_tokens
 
     async def _release(self, slot: Slot) -> str:
         """Take the sequence out of the batch, then free the pages, or quarantine them

@@ -77,6 +77,7 @@ class MeshBackend:
         return cpb.SamplingParams(
             temperature=req.temperature,
             top_p=req.top_p,
+            top_k=req.top_k,
             seed=req.seed if req.seed is not None else secrets.randbits(63),
             max_tokens=min(req.max_tokens, context - prompt_len),
             stop=req.stop,
@@ -111,6 +112,7 @@ class MeshBackend:
             "gen_ai.request.max_tokens": sampling.max_tokens,
             "gen_ai.request.temperature": sampling.temperature,
             "gen_ai.request.top_p": sampling.top_p,
+            "gen_ai.request.top_k": sampling.top_k,
             "gen_ai.usage.input_tokens": len(prompt),
         }
         with span(f"{operation} {self.model_id}", kind=SpanKind.SERVER,

@@ -1,9 +1,13 @@
-"""The router's public gRPC API: Generate (streaming) and ListModels."""
+"""The router's public gRPC API: Generate (streaming) and ListModels.
+
+Generate relays the mesh's events through `relay`: a client that reads slower than the
+tokens come gets several tokens in one GeneratedText.
+"""
 
 from __future__ import annotations
 
+import functools
 import secrets
-from contextlib import aclosing
 
 import grpc
 
@@ -15,8 +19,9 @@ from pdmesh.v1 import common_pb2_grpc as cgrpc
 from pdmesh.v1 import generate_pb2 as gpb
 from pdmesh.v1 import generate_pb2_grpc as ggrpc
 from services.router.backend import MeshBackend, operation_of
-from services.router.core import Finished, MeshError
+from services.router.core import Finished, MeshError, Tokens
 from services.router.openai_schema import ChatMessage, CompletionRequest, RequestError
+from services.router.relay import relay
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -53,12 +58,30 @@ def to_completion_request(request: gpb.GenerateRequest) -> CompletionRequest:
         max_tokens=request.max_tokens or DEFAULT_MAX_TOKENS,
         temperature=request.temperature,
         top_p=request.top_p or 1.0,
+        top_k=request.top_k,
         seed=request.seed if request.HasField("seed") else None,
         stop=list(request.stop),
         stream=True,
         include_usage=True,
         ignore_eos=request.ignore_eos,
     )
+
+
+async def _write(context, prompt_tokens: int, events: list[Tokens | Finished]) -> None:
+    """Every token that waited in one GeneratedText, then the GenerateFinished if it came."""
+    tokens = [e for e in events if isinstance(e, Tokens)]
+    if tokens:
+        text = gpb.GeneratedText(token_ids=[t for e in tokens for t in e.token_ids],
+                                 text="".join(e.text for e in tokens))
+        await context.write(gpb.GenerateEvent(text=text))
+    for event in events:
+        if isinstance(event, Finished):
+            done = gpb.GenerateFinished(
+                finish_reason=event.finish_reason,
+                prompt_tokens=prompt_tokens,
+                completion_tokens=event.completion_tokens,
+            )
+            await context.write(gpb.GenerateEvent(finished=done))
 
 
 class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
@@ -87,20 +110,8 @@ class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
             # as `deadline` with a typed status instead of racing the caller's cancellation.
             remaining = context.time_remaining()
             budget = None if remaining is None else TIMEOUTS.leg_budget(remaining)
-            async with aclosing(
-                self.backend.run(prompt, sampling, operation_of(req), budget)
-            ) as events:
-                async for event in events:
-                    if isinstance(event, Finished):
-                        done = gpb.GenerateFinished(
-                            finish_reason=event.finish_reason,
-                            prompt_tokens=len(prompt),
-                            completion_tokens=event.completion_tokens,
-                        )
-                        await context.write(gpb.GenerateEvent(finished=done))
-                    else:
-                        text = gpb.GeneratedText(token_ids=event.token_ids, text=event.text)
-                        await context.write(gpb.GenerateEvent(text=text))
+            await relay(lambda: self.backend.run(prompt, sampling, operation_of(req), budget),
+                        functools.partial(_write, context, len(prompt)))
         except RequestError as e:
             raise RpcError(_HTTP_TO_GRPC.get(e.status, grpc.StatusCode.INTERNAL), e.message) from e
         except MeshError as e:

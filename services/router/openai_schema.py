@@ -40,6 +40,7 @@ class CompletionRequest:
     n: int = 1  # only 1 is supported: anything else is rejected with a 400
     request_id: str | None = None  # the id the client sees (chatcmpl-..., cmpl-...), for tracing
     ignore_eos: bool = False  # not OpenAI's: set by the gRPC API for benchmarks
+    top_k: int = 0  # not OpenAI's (vLLM and others accept it); 0 means no top-k
 
 
 class RequestError(Exception):
@@ -218,6 +219,9 @@ def _sampling(fields: dict[str, Any], max_tokens_names: tuple[str, ...]) -> dict
     top_p = _optional_number(fields, "top_p", default=1.0)
     if not 0.0 < top_p <= 1.0:
         raise _invalid("top_p", "'top_p' must be greater than 0 and at most 1.")
+    top_k = _optional_int(fields, "top_k") or 0
+    if top_k < 0:
+        raise _invalid("top_k", "'top_k' must be at least 0 (0 means no top-k).")
     n = _optional_int(fields, "n")
     if n is not None and n != 1:
         raise _invalid("n", "Only n=1 is supported.")
@@ -225,6 +229,7 @@ def _sampling(fields: dict[str, Any], max_tokens_names: tuple[str, ...]) -> dict
         "max_tokens": max_tokens,
         "temperature": temperature,
         "top_p": top_p,
+        "top_k": top_k,
         "seed": _optional_int(fields, "seed"),
         "stop": _stop(fields),
         "stream": _optional_bool(fields, "stream"),

@@ -46,6 +46,15 @@ def test_completion_fields() -> None:
     assert req.stream and req.include_usage
 
 
+def test_top_k_is_accepted_as_an_extension() -> None:
+    assert parse_completion_request({"model": "m", "prompt": "p"}).top_k == 0
+    assert parse_completion_request({"model": "m", "prompt": "p", "top_k": 40}).top_k == 40
+    for bad in (-1, 2.5, "4"):
+        with pytest.raises(RequestError) as caught:
+            parse_completion_request({"model": "m", "prompt": "p", "top_k": bad})
+        assert (caught.value.status, caught.value.param) == (400, "top_k")
+
+
 @pytest.mark.parametrize("value", [True, 2.0, "5", [5]])
 def test_max_tokens_must_be_an_integer(value: object) -> None:
     with pytest.raises(RequestError) as caught:

@@ -1,0 +1,271 @@
+"""The decode's batch loop and its token streams, with a fake engine and tokenizer.
+
+The step loop samples the whole batch at once and hands ids to each sequence's stream;
+the stream detokenizes and applies stop strings; a reader that falls behind gets several
+tokens a chunk, with the same tokens, text, finish reason and count as one that keeps up.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+import torch
+
+from libs.engine.config import ModelConfig
+from libs.engine.engine import Engine
+from libs.engine.generate import generate
+from libs.engine.kvpool import KvPool
+from libs.engine.model import random_weights
+from libs.engine.sampling import SamplingParams, sample
+from services.decode.batcher import Batcher
+from services.decode.stream import Chunk, TokenStream
+
+VOCAB = 64
+EOS = 2
+
+
+class FakeEngine:
+    """Logits that depend only on (position, token): the next token of a greedy row is
+    `(token + 1) % VOCAB`, skipping EOS unless a row's position says otherwise."""
+
+    device = "cpu"
+
+    def __init__(self, eos_at: int | None = None, boost: float = 20.0):
+        self.eos_at = eos_at
+        self.boost = boost
+        self.batch_sizes: list[int] = []
+
+    def logits_for(self, pos: int, token: int) -> torch.Tensor:
+        row = torch.randn(VOCAB, generator=torch.Generator().manual_seed(pos * 1000 + token))
+        nxt = EOS if pos == self.eos_at else (token + 1) % VOCAB
+        nxt = nxt + 1 if nxt == EOS and pos != self.eos_at else nxt
+        row[nxt] += self.boost
+        return row
+
+    def decode_step(self, batch) -> torch.Tensor:
+        self.batch_sizes.append(len(batch))
+        return torch.stack([self.logits_for(s.pos, s.token) for s in batch])
+
+
+class FakeTokenizer:
+    eos_token_ids = (EOS,)
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f"w{i} " for i in ids if not (skip_special_tokens and i == EOS))
+
+
+async def run_sequence(batcher: Batcher, params: SamplingParams, pause: float = 0.0,
+                       first_token: int = 10, prompt_len: int = 5, stop_sequence=None):
+    """Admit one sequence and read its stream to the end; `pause` between reads."""
+    seq = batcher.admit(list(range(8)), prompt_len, first_token, params)
+    stream = TokenStream(seq, FakeTokenizer(), stop_sequence or batcher.cancel)
+    chunks: list[Chunk] = []
+    async with seq.receive:
+        while True:
+            chunk = await stream.next()
+            chunks.append(chunk)
+            if chunk.finish_reason is not None:
+                break
+            await anyio.sleep(pause)
+    with anyio.fail_after(2):
+        await seq.released.wait()  # out of the batch: its pages may be freed
+    return seq, stream, chunks
+
+
+def joined(chunks: list[Chunk]) -> tuple[list[int], str]:
+    return [t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks)
+
+
+async def with_batcher(engine, body):
+    batcher = Batcher(engine, FakeTokenizer.eos_token_ids, max_batch=16)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(batcher.run)
+        try:
+            return await body(batcher)
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def test_a_slow_reader_gets_fewer_chunks_with_the_same_tokens_and_text():
+    params = SamplingParams(temperature=0, max_tokens=40)
+
+    async def read(pause):
+        return await with_batcher(FakeEngine(), lambda b: run_sequence(b, params, pause))
+
+    _, fast_stream, fast = await read(0.0)
+    _, slow_stream, slow = await read(0.05)
+    assert joined(slow) == joined(fast)
+    ids, text = joined(fast)
+    assert ids == [10 + i for i in range(40)]
+    assert text == "".join(f"w{i} " for i in ids)
+    assert len(slow) < 40 / 3  # several tokens a message
+    assert len(fast) > len(slow)
+    for chunks, stream in ((fast, fast_stream), (slow, slow_stream)):
+        assert chunks[-1].finish_reason == "length"
+        assert stream.completion_tokens == 40
+        assert all(c.finish_reason is None for c in chunks[:-1])
+
+
+async def read_until_stop_string(pause: float):
+    """A sequence stopped by "w15"; the number of steps run when the reader stopped it."""
+    engine = FakeEngine()
+    steps_at_stop = []
+
+    async def body(batcher):
+        def stop(seq):
+            steps_at_stop.append(len(engine.batch_sizes))
+            batcher.cancel(seq)
+
+        params = SamplingParams(temperature=0, max_tokens=500, stop=["w15"])
+        return batcher, *await run_sequence(batcher, params, pause, stop_sequence=stop)
+
+    result = await with_batcher(engine, body)
+    return engine, steps_at_stop[0], *result
+
+
+async def test_stop_string_ends_the_sequence_and_releases_it():
+    """The text stops before the stop string, the count includes the token that completed
+    it, and the sequence leaves the batch within a step of the reader seeing it; a slow
+    reader agrees."""
+    for pause in (0.0, 0.02):
+        engine, steps_at_stop, batcher, seq, stream, chunks = await read_until_stop_string(pause)
+        ids, text = joined(chunks)
+        assert ids == [10, 11, 12, 13, 14, 15]
+        assert text == "w10 w11 w12 w13 w14 "
+        assert chunks[-1].finish_reason == "stop" and stream.completion_tokens == 6
+        assert seq.cancelled and seq.finished and not batcher.running
+        assert len(engine.batch_sizes) <= steps_at_stop + 1  # the step in progress
+
+
+async def test_eos_and_stop_tokens_end_with_no_text_of_their_own():
+    engine = FakeEngine(eos_at=9)  # position 9: the 5th decode step samples EOS
+
+    async def body(batcher):
+        eos = await run_sequence(batcher, SamplingParams(temperature=0, max_tokens=50))
+        stop = await run_sequence(
+            batcher, SamplingParams(temperature=0, max_tokens=50, stop_token_ids=[13])
+        )
+        ignored = await run_sequence(
+            batcher, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        )
+        return eos, stop, ignored
+
+    eos, stop, ignored = await with_batcher(engine, body)
+    assert joined(eos[2]) == ([10, 11, 12, 13, 14, EOS], "w10 w11 w12 w13 w14 ")
+    assert eos[2][-1].finish_reason == "stop" and eos[1].completion_tokens == 6
+    assert joined(stop[2]) == ([10, 11, 12, 13], "w10 w11 w12 ")
+    assert stop[2][-1].finish_reason == "stop" and stop[1].completion_tokens == 4
+    assert joined(ignored[2])[0] == [10, 11, 12, 13, 14, EOS, 3, 4]
+    assert ignored[2][-1].finish_reason == "length"
+
+
+async def test_first_token_can_end_the_sequence_at_admission():
+    engine = FakeEngine()
+
+    async def body(batcher):
+        return await run_sequence(batcher, SamplingParams(temperature=0, max_tokens=1))
+
+    seq, stream, chunks = await with_batcher(engine, body)
+    assert joined(chunks) == ([10], "w10 ")
+    assert chunks[-1].finish_reason == "length" and engine.batch_sizes == []
+
+
+async def test_seeded_tokens_are_the_same_alone_and_in_a_busy_batch():
+    """The batch's one sampling call draws each sequence's token from its own (seed, step):
+    the tokens equal sampling each step alone, whoever else is in the batch."""
+    target = SamplingParams(temperature=1.5, top_p=0.95, seed=7, max_tokens=30, ignore_eos=True)
+    engine = FakeEngine(boost=3.0)
+    expected, token, pos = [10], 10, 5  # the prefill sampled 10 at position 5
+    for step in range(1, 30):
+        token = sample(engine.logits_for(pos, token), target, step)
+        expected.append(token)
+        pos += 1
+
+    async def alone(batcher):
+        return await run_sequence(batcher, target)
+
+    async def crowded(batcher):
+        results = {}
+        others = [
+            SamplingParams(temperature=0, max_tokens=25),
+            SamplingParams(temperature=0.7, top_k=5, seed=1, max_tokens=12),
+            SamplingParams(temperature=1.0, seed=2, max_tokens=40, ignore_eos=True),
+        ]
+
+        async def one(name, params, first):
+            results[name] = await run_sequence(batcher, params, first_token=first)
+
+        async with anyio.create_task_group() as tg:
+            for i, p in enumerate(others):
+                tg.start_soon(one, i, p, 20 + i)
+            await anyio.sleep(0.01)
+            tg.start_soon(one, "target", target, 10)
+        return results["target"]
+
+    assert joined((await with_batcher(FakeEngine(boost=3.0), alone))[2])[0] == expected
+    busy = FakeEngine(boost=3.0)
+    assert joined((await with_batcher(busy, crowded))[2])[0] == expected
+    assert max(busy.batch_sizes) > 1
+
+
+async def test_a_cancelled_sequence_ends_its_stream_without_a_finish():
+    async def body(batcher):
+        seq = batcher.admit(list(range(8)), 5, 10, SamplingParams(temperature=0, max_tokens=500))
+        stream = TokenStream(seq, FakeTokenizer(), batcher.cancel)
+        await stream.next()
+        batcher.cancel(seq)
+        deadline = time.monotonic() + 2
+        try:
+            while time.monotonic() < deadline:
+                assert (await stream.next()).finish_reason is None
+        except anyio.EndOfStream:
+            pass
+        else:
+            raise AssertionError("the stream never ended")
+        await seq.released.wait()
+        return batcher
+
+    batcher = await with_batcher(FakeEngine(), body)
+    assert not batcher.running and not batcher.waiting
+
+
+CUDA = pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.gpu_smoke,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+])
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+async def test_the_batch_samples_what_a_colocated_run_samples(device):
+    """A real engine: four sequences (greedy, top-p, top-k, plain temperature) decoded in
+    one batch whose make-up changes as they finish give each the tokens a colocated run
+    gives it alone, sampled step by step."""
+    config = ModelConfig.tiny()
+    weights = random_weights(config, seed=3).to(device, torch.float32)
+    engine = Engine(config, weights, KvPool(config, 64, 16, device=device, dtype=torch.float32))
+    prompts = [list(range(5 + i, 40 + 3 * i)) for i in range(4)]
+    params = [
+        SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=16, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=1.2, top_k=50, seed=12, max_tokens=8, ignore_eos=True),
+        SamplingParams(temperature=0.7, seed=13, max_tokens=16, ignore_eos=True),
+    ]
+    alone = [generate(engine, prompt, p) for prompt, p in zip(prompts, params, strict=True)]
+
+    async def together(batcher):
+        seqs = []
+        for prompt, p in zip(prompts, params, strict=True):  # prefilled before any step
+            pages = engine.pool.alloc(engine.pool.pages_for(len(prompt) + p.max_tokens))
+            first = sample(engine.prefill(prompt, pages), p, 0)
+            seqs.append(batcher.admit(pages, len(prompt), first, p))
+        out = []
+        for seq in seqs:
+            async with seq.receive:
+                out.append([item.token async for item in seq.receive])
+            await seq.released.wait()
+            engine.pool.free(seq.pages)
+        return out
+
+    assert await with_batcher(engine, together) == alone
