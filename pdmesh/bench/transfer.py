@@ -228,10 +228,16 @@ def main(argv: list[str] | None = None) -> dict:
             if args.chunk_tokens:
                 rows.append(row(label, f"chunks of {args.chunk_tokens}", n * PAGE_TOKENS,
                                 list(range(n)), list(range(n)), args.chunk_tokens // PAGE_TOKENS))
-    finally:
-        conn.send(("exit", None))
-        conn.recv()
+    finally:  # a child that died or hangs must not hang the bench: bounded, then killed
+        try:
+            conn.send(("exit", None))
+            if conn.poll(10):
+                conn.recv()
+        except (EOFError, OSError):
+            pass
         proc.join(10)
+        if proc.is_alive():
+            proc.kill()
         agent.close()
 
     rate = reference["bytes"] / reference["nixl_s"]  # bytes per second of one descriptor
