@@ -9,9 +9,9 @@ K/V into the pool in place and reads keys where the pool holds them (attention.p
 Decode is B sequences of one token. `decode_forward` runs over device tensors whose shapes
 depend only on B and the page table's width, so on CUDA the engine replays it from CUDA
 graphs captured per batch-size bucket (graphs.py), with a page table as wide as
-``max_context`` needs; ``cuda_graphs=False`` runs it eagerly, the reference the graphs are
-tested against. On CPU it always runs eagerly, the table as wide as the step's longest
-sequence needs.
+``max_context`` needs; ``cuda_graphs=False`` launches the same padded forward eagerly, the
+reference the graphs are tested against, with the same bits. On CPU it always runs
+eagerly at the step's own shapes, the table as wide as its longest sequence needs.
 
 Prefill packs its chunks into B=1 with T tokens and attends under a block-diagonal causal
 mask (attention.PrefillAttention).
@@ -87,13 +87,18 @@ class Engine:
             cuda_graphs = self.device.type == "cuda"
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs needs an engine on a CUDA device")
+        # On CUDA decode runs at static shapes, captured into graphs or launched eagerly
+        # (``cuda_graphs=False``): the same kernels on the same shapes, the same bits.
         self.graphs: DecodeGraphs | None = None
-        if cuda_graphs:
+        self._static: DecodeGraphs | None = None
+        if self.device.type == "cuda":
             width = PAGES + pool.pages_for(self.max_context)
-            self.graphs = DecodeGraphs(
+            self._static = DecodeGraphs(
                 lambda inputs: self.decode_forward(inputs, self.max_context),
-                self.device, width, max_batch,
+                self.device, width, max_batch, capture=cuda_graphs,
             )
+            if cuda_graphs:
+                self.graphs = self._static
 
     def prefill(
         self, tokens: Sequence[int], pages: Sequence[int], start_pos: int = 0
@@ -176,9 +181,9 @@ class Engine:
         for s in seqs:
             self._check_pages(s.pages, s.pos + 1, self.max_context)
         packed = self._pack_decode(seqs)
-        if self.graphs is not None:
-            logits = self.graphs.run(packed)
-            return logits.clone() if copy else logits
+        if self._static is not None:
+            logits = self._static.run(packed)
+            return logits.clone() if copy and self.graphs is not None else logits
         return self.decode_forward(packed.to(self.device), max(s.pos for s in seqs) + 1)
 
     def capture_decode_graphs(self, max_batch: int | None = None) -> list[int]:

@@ -23,8 +23,12 @@ every row padding (so nothing is written to the pool): Triton compiles its kerne
 and the NVFP4 linears plan their launches (their first call per stream checks the weight,
 a host sync that capture forbids). All graphs share one memory pool.
 
-Without CUDA the same object runs the forward uncaptured on the same static rows: the
-static-shape forward a graph replays, which CPU tests compare with the eager step.
+Uncaptured (``capture=False``, and always without CUDA) the same object runs the forward
+on the same padded rows, launched eagerly: the static-shape forward a graph replays. The
+engine's eager path on CUDA is this, so turning graphs off changes no bit of the logits
+(a batch padded to another size, or attention split another way, would: cuBLAS and the
+split attention reduce in an order that depends on the shapes), and CPU tests compare it
+with the CPU's own eager step.
 """
 
 from __future__ import annotations
@@ -66,13 +70,14 @@ class DecodeGraphs:
     and must treat a zero row as padding."""
 
     def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor],
-                 device: torch.device | str, width: int, max_batch: int) -> None:
+                 device: torch.device | str, width: int, max_batch: int,
+                 capture: bool = True) -> None:
         self.forward = forward
         self.device = torch.device(device)
         self.buckets = buckets_for(max_batch)
         self.max_batch = max_batch
         self.width = width
-        self.captures = self.device.type == "cuda"
+        self.captures = capture and self.device.type == "cuda"
         self.host = torch.zeros((max_batch, width), dtype=torch.int32, pin_memory=self.captures)
         self.static = self.host.to(self.device) if self.captures else self.host
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -98,7 +103,7 @@ class DecodeGraphs:
                               for i in range(0, batch, step)])
         bucket = self.bucket(batch)
         if not self.captures:
-            rows = self._fill(packed, bucket)
+            rows = self._fill(packed, bucket).to(self.device)
             return self.forward(rows)[:batch]
         if bucket not in self.graphs:
             self.capture(bucket)

@@ -1,5 +1,5 @@
-"""The CUDA decode path: graphs replay the eager forward (same greedy tokens on the same
-GPU and weights), one host-to-device copy a step, prefill against a dense forward."""
+"""The CUDA decode path: graphs replay the eager forward (the same logits bit for bit on
+the same GPU and weights), one host-to-device copy a step, prefill against a dense forward."""
 
 from __future__ import annotations
 
@@ -78,8 +78,7 @@ def test_graph_greedy_equals_eager_smollm2_shape(dtype):
     tg, lg = _greedy(graphed, prompts, 24)
     assert tg == te
     assert graphed.graphs is not None and 8 in graphed.graphs.graphs  # 5 rows: bucket 8
-    tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
-    torch.testing.assert_close(lg, le, atol=tol, rtol=tol)
+    assert torch.equal(lg, le)  # the same kernels at the same padded shapes: the same bits
 
 
 def test_graph_greedy_equals_eager_with_nvfp4_weights():
@@ -113,15 +112,22 @@ def test_one_host_to_device_copy_a_step_and_no_sync():
     steps = 5
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            eng.decode_step(seqs, copy=False)
+        with torch.profiler.record_function("decode_steps"):
+            for _ in range(steps):
+                eng.decode_step(seqs, copy=False)
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events()]
+    events = prof.events()
+    names = [e.name for e in events]
     h2d = [n for n in names if "HtoD" in n]
     assert len(h2d) == steps, h2d
     assert not [n for n in names if "DtoH" in n]
-    syncs = [n for n in names if n in ("cudaStreamSynchronize", "cudaDeviceSynchronize")]
-    assert len(syncs) == 1, syncs  # the final torch.cuda.synchronize() only
+    # No host call waits for the device inside the steps (the profiler's own exit and the
+    # final synchronize are outside the range; waiting on the copy event is allowed).
+    window = next(e for e in events if e.name == "decode_steps").time_range
+    syncs = [e.name for e in events
+             if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize")
+             and window.start <= e.time_range.start <= window.end]
+    assert syncs == []
 
 
 def test_decode_from_a_worker_thread():
@@ -147,21 +153,45 @@ def test_capture_out_of_memory_names_the_flags():
         graphs.capture(4)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
-def test_prefill_matches_a_dense_forward(dtype):
-    """Chunked and packed prefill on the GPU: SDPA over keys gathered from the pages the
-    chunk wrote in place."""
-    config = ModelConfig.smollm2()
-    eng = _pair(config, dtype)[1]
-    a, b = _prompts(config, [300, 45])
+def _prefill_against_dense(eng: Engine) -> tuple[torch.Tensor, torch.Tensor]:
+    """(paged, dense) logits of a chunked then packed prefill: a 300-token prompt in a
+    128-token chunk and a 172-token chunk packed with a 45-token prompt, against a plain
+    causal forward over each whole prompt."""
+    a, b = _prompts(eng.config, [300, 45])
     pa, pb = eng.pool.alloc(eng.pool.pages_for(300)), eng.pool.alloc(eng.pool.pages_for(45))
     first = eng.prefill(a[:128], pa)
     packed = eng.prefill_batch([PrefillSeq(a[128:], pa, 128), PrefillSeq(b, pb, 0)])
     ref_a, ref_b = dense_logits(eng, a), dense_logits(eng, b)
-    tol = 3e-2 if dtype == torch.bfloat16 else 1e-3
     got = torch.stack([first, packed[0], packed[1]]).cpu()
-    want = torch.stack([ref_a[127], ref_a[299], ref_b[44]]).cpu()
-    torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+    return got, torch.stack([ref_a[127], ref_a[299], ref_b[44]]).cpu()
+
+
+def test_prefill_matches_a_dense_forward_fp32():
+    """Chunked and packed prefill on the GPU: SDPA over keys gathered from the pages the
+    chunk wrote in place, the same logits as a dense forward."""
+    got, want = _prefill_against_dense(_pair(ModelConfig.smollm2(), torch.float32)[1])
+    torch.testing.assert_close(got, want, atol=1e-3, rtol=1e-3)
+
+
+def test_prefill_in_bf16_is_as_accurate_as_a_dense_bf16_forward():
+    """In bf16 the paged and the dense forward round differently (other GEMM shapes, other
+    attention kernels), and over 30 layers of random weights the differences grow past any
+    fixed elementwise tolerance. So measure both against the exact answer, a dense fp32
+    forward over the same (bf16-rounded) weights: the paged path's error is of the dense
+    bf16 path's size. A wrong page, slot or mask is an error of the logits' own size."""
+    config = ModelConfig.smollm2()
+    w = random_weights(config, seed=7).to("cuda", torch.bfloat16)
+    bf16 = Engine(config, w, KvPool(config, 128, 16, device="cuda", dtype=torch.bfloat16))
+    fp32 = Engine(config, w.to("cuda", torch.float32),
+                  KvPool(config, 128, 16, device="cuda", dtype=torch.float32))
+    paged, dense = _prefill_against_dense(bf16)
+    exact = _prefill_against_dense(fp32)[1]
+
+    def error(x: torch.Tensor) -> float:
+        return float((x.float() - exact).norm() / exact.norm())
+
+    assert error(paged) <= 2 * error(dense) + 1e-2, (error(paged), error(dense))
+    assert error(paged) < 0.5, error(paged)
 
 
 @pytest.mark.gpu_smoke

@@ -68,3 +68,40 @@ def offset_rows(packed: torch.Tensor, offset: int) -> torch.Tensor:
     buf = torch.zeros(n, width + 16, dtype=torch.uint8, device=packed.device)
     buf[:, offset:offset + width] = packed
     return buf[:, offset:offset + width]
+
+
+# (N, K, M, the kernel the table gives bf16 x on a 132-SM H100 or H200): each row class of
+# routing.py, and each form a routed config takes (tiles, splits, x staging, shifted or
+# padded last tiles, two launches)
+CASES = [
+    # gemv: K sliced across warps; x staged, ragged N; fewer rows a program; several
+    # tokens; ragged K (Llama-2's 11008) at one token and at five
+    (4096, 4096, 1, "gemv"), (1064, 8192, 1, "gemv"), (8192, 8192, 1, "gemv"),
+    (300, 28672, 1, "gemv"), (4096, 4096, 5, "gemv"), (4096, 11008, 1, "gemv"),
+    (4096, 11008, 5, "gemv"),
+    # small: x in registers (16 and 32 rows a program), by TMA on one and two warpgroups,
+    # a shifted last tile with ragged N, the tiny model's layers
+    (576, 576, 1, "small"), (960, 576, 32, "small"), (4240, 576, 3, "small"),
+    (192, 576, 40, "small"), (576, 576, 256, "small"), (3072, 576, 256, "small"),
+    (200, 576, 130, "small"), (64, 64, 5, "small"), (128, 64, 300, "small"),
+    # small_phased: 16 rows, 24 rows with the split decode and a shifted tile, 32 rows,
+    # 32-row boxes (five phases), three phases with ragged N
+    (576, 1536, 33, "small_phased"), (576, 1536, 256, "small_phased"),
+    (576, 1536, 200, "small_phased"), (960, 1536, 256, "small_phased"),
+    (576, 1280, 20, "small_phased"), (200, 768, 40, "small_phased"),
+    # gemm: 32-token tiles, x padded under a 128-token tile, a shifted last tile, whole
+    # tiles, K split in four and in two, two launches (the second padded), the small-layer
+    # configs
+    (4096, 4096, 17, "gemm"), (4096, 4096, 100, "gemm"), (4096, 4096, 200, "gemm"),
+    (4096, 4096, 256, "gemm"), (2048, 8192, 256, "gemm"), (4096, 14336, 520, "gemm"),
+    (8192, 2048, 300, "gemm"), (8192, 2048, 330, "gemm"), (576, 1536, 600, "gemm"),
+    # triton: 9-16 tokens on large layers (64- and 128-row tiles), few tokens on a small
+    # layer with long K, a layer of 2^22 weights, long_and_light, K not whole 64-wide chunks
+    (4096, 4096, 12, "triton"), (2048, 8192, 9, "triton"), (576, 1536, 1, "triton"),
+    (576, 1536, 32, "triton"), (1024, 4096, 20, "triton"), (960, 2560, 48, "triton"),
+    (72, 1040, 3, "triton"), (100, 48, 7, "triton"),
+    # dequantize (bf16; fp16 keeps the kernels: the small kernel, the GEMM, the Triton
+    # kernel's 128-token tiles with the plain decode)
+    (3072, 576, 512, "dequantize"), (576, 1536, 1024, "dequantize"),
+    (1024, 4096, 100, "dequantize"), (2048, 2048, 32, "dequantize"),
+]

@@ -17,6 +17,8 @@ from libs.kernels.nvfp4 import (
 )
 from libs.kernels.nvfp4.routing import ALIGNED, route, takes_dequantize_route
 
+from .nvfp4_helpers import CASES
+
 BF16, FP16 = torch.bfloat16, torch.float16
 
 # SmolLM2-135M as the engine runs it: fused q/k/v, o, fused gate/up, down
@@ -218,3 +220,12 @@ def test_dequantize_rule_never_takes_fp16_or_fp32():
     for dtype in (FP16, torch.float32):
         for kernel_name in ("small", "gemm", "triton"):
             assert not takes_dequantize_route(kernel_name, 8192, 3072, 576, dtype)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "{}x{}-m{}-{}".format(*c))
+def test_the_gpu_cases_route_where_they_say(case):
+    """Each case of the GPU suite (test_nvfp4_linear_gpu.py) names the row class it covers:
+    check the name here, on every machine, so a case that drifted into another class is
+    caught before a GPU runs it."""
+    n, k, m, kernel = case
+    assert route(m, n, k, BF16, 132)[0] == kernel
