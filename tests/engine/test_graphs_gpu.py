@@ -195,11 +195,14 @@ def test_prefill_in_bf16_is_as_accurate_as_a_dense_bf16_forward():
 
 
 @pytest.mark.gpu_smoke
-def test_gpu_smoke_graph_decode():
+@pytest.mark.parametrize("nvfp4", [False, True], ids=["native", "nvfp4"])
+def test_gpu_smoke_graph_decode(nvfp4):
     config = ModelConfig.tiny()
-    eager, graphed = _pair(config, torch.bfloat16, max_batch=8)
+    eager, graphed = _pair(config, torch.bfloat16, nvfp4=nvfp4, max_batch=8)
     prompts = _prompts(config, [5, 30, 61])
-    assert _greedy(graphed, prompts, 8)[0] == _greedy(eager, prompts, 8)[0]
+    tg, lg = _greedy(graphed, prompts, 8)
+    te, le = _greedy(eager, prompts, 8)
+    assert tg == te and torch.equal(lg, le)
 
 
 @pytest.mark.gpu_smoke

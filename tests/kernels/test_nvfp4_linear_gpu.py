@@ -38,8 +38,20 @@ def check_product(y, x, packed, scales, s2, bias, dtype, routed: str) -> None:
         check_linear_exact(y, x, packed, scales, s2, bias, dtype)
 
 
+def _smoke_first_of_each_kernel(cases):
+    """The cases, the first of each kernel marked gpu_smoke: the smoke tier runs every
+    routed kernel once."""
+    seen = set()
+    out = []
+    for case in cases:
+        marks = [] if case[3] in seen else [pytest.mark.gpu_smoke]
+        seen.add(case[3])
+        out.append(pytest.param(case, marks=marks, id=_id(case)))
+    return out
+
+
 @pytest.mark.parametrize("dtype", [BF16, FP16])
-@pytest.mark.parametrize("case", CASES, ids=_id)
+@pytest.mark.parametrize("case", _smoke_first_of_each_kernel(CASES))
 def test_every_route_computes_the_product(case, dtype):
     n, k, m, kernel = case
     packed, scales, s2 = cuda_weight(n, k, dtype, seed=n + k)
