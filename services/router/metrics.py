@@ -49,6 +49,19 @@ class RouterMetrics:
             registry=self.registry,
         ).labels(**labels)
 
+        self.queue_depth = Gauge(
+            "pdmesh_queue_depth", "Requests waiting in the admission queue", names,
+            registry=self.registry,
+        ).labels(**labels)
+        self.queue_time = Histogram(
+            "pdmesh_queue_time_seconds",
+            "Time from a request's arrival to its pages' reservation (0 when none was "
+            "waited for), or to its end if it never got them",
+            names,
+            buckets=(0.0, *LATENCY_BUCKETS),
+            registry=self.registry,
+        ).labels(**labels)
+
     def outcome(self, outcome: str) -> None:
         self.requests.labels(**self._labels, outcome=outcome).inc()
 
