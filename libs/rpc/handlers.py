@@ -60,7 +60,9 @@ def contained(fn: Handler) -> Handler:
             if error is None:
                 log.exception("handler %s failed", fn.__name__)
                 error = RpcError(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
-            await context.abort(error.code, error.message, error.trailing_metadata)
+            if error.trailing_metadata:
+                await context.abort(error.code, error.message, error.trailing_metadata)
+            await context.abort(error.code, error.message)
 
     return wrapper
 

@@ -147,18 +147,31 @@ class MeshClient:
         avoid: frozenset[str] = frozenset()
         ticket: Ticket | None = None
         reserved_at: float | None = None
+        # One span for a stay in the queue, from joining it to the pages' reservation
+        # (its tries, each a refused `decode call`, are its siblings).
+        waiting: Span | None = None
 
         def reserved() -> None:
             """The decode holds the request's pages: out of the queue, the next may try."""
-            nonlocal reserved_at
+            nonlocal reserved_at, waiting
             reserved_at = time.monotonic()
             if ticket is not None:
                 self.queue.leave(ticket)
+            if waiting is not None:
+                waiting.end()
+                waiting = None
+
+        async def wait_turn() -> None:
+            nonlocal ticket, waiting
+            ticket = self._join(ticket, progress)
+            if waiting is None:
+                waiting = trace.get_tracer("pdmesh").start_span(
+                    "queue wait", attributes={"pdmesh.queue.depth": self.queue.depth})
+            await self._wait(ticket, deadline, progress, waiting)
 
         try:
             if self.queue.busy():  # others wait for capacity: behind them, not before
-                ticket = self._join(None, progress)
-                await self._wait(ticket, deadline, progress)
+                await wait_turn()
             failures = 0
             while True:
                 yielded = False
@@ -176,8 +189,7 @@ class MeshClient:
                     return
                 except MeshError as e:
                     if e.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not yielded:
-                        ticket = self._join(ticket, progress)
-                        await self._wait(ticket, deadline, progress)
+                        await wait_turn()
                         continue
                     retry = (
                         not yielded
@@ -195,6 +207,9 @@ class MeshClient:
         finally:
             if ticket is not None:
                 self.queue.leave(ticket)
+            if waiting is not None:  # it left while queued: waiting, or during a try
+                mark_aborted(waiting, progress.abort_reason or "client_disconnect", "queued")
+                waiting.end()
             self.on_queued((reserved_at or time.monotonic()) - arrived)
 
     def _join(self, ticket: Ticket | None, progress: Progress) -> Ticket:
@@ -206,27 +221,26 @@ class MeshClient:
             raise MeshError(str(e), grpc.StatusCode.RESOURCE_EXHAUSTED,
                             retry_after=e.retry_after) from None
 
-    async def _wait(self, ticket: Ticket, deadline: float, progress: Progress) -> None:
+    async def _wait(self, ticket: Ticket, deadline: float, progress: Progress,
+                    waiting: Span) -> None:
         """Wait for the ticket's turn; a client that leaves here leaves only the queue:
         none of its attempts holds anything on a member (a refused one never did, an
         earlier one's Aborts were answered before it raised)."""
         progress.stage, progress.abort_reason = "queued", None
-        with span("queue wait", attributes={"pdmesh.queue.depth": self.queue.depth}) as wait:
-            try:
-                await self.queue.wait_turn(ticket, deadline)
-            except QueueTimeout as e:
-                progress.abort_reason = "deadline"
-                self._count_abort("deadline")
-                mark_aborted(wait, "deadline", "queued")
-                if e.deadline:
-                    raise MeshError(str(e), grpc.StatusCode.DEADLINE_EXCEEDED) from None
-                raise MeshError(str(e), grpc.StatusCode.UNAVAILABLE,
-                                retry_after=e.retry_after) from None
-            except anyio.get_cancelled_exc_class():
-                progress.abort_reason = "client_disconnect"
-                self._count_abort("client_disconnect")
-                mark_aborted(wait, "client_disconnect", "queued")
-                raise
+        try:
+            await self.queue.wait_turn(ticket, deadline)
+        except QueueTimeout as e:
+            progress.abort_reason = "deadline"
+            self._count_abort("deadline")
+            if e.deadline:
+                raise MeshError(str(e), grpc.StatusCode.DEADLINE_EXCEEDED) from None
+            raise MeshError(str(e), grpc.StatusCode.UNAVAILABLE,
+                            retry_after=e.retry_after) from None
+        except anyio.get_cancelled_exc_class():
+            progress.abort_reason = "client_disconnect"
+            self._count_abort("client_disconnect")
+            waiting.add_event("cancelled")  # between tries: no member holds anything of it
+            raise
 
     def _count_abort(self, reason: str) -> None:
         self.aborts[reason] = self.aborts.get(reason, 0) + 1
