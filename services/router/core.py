@@ -113,7 +113,7 @@ class MeshClient:
                  on_queued=lambda seconds: None):
         self.pairing = pairing
         self.on_retry = on_retry
-        self.on_queued = on_queued  # each request's time before its pages were reserved
+        self.on_queued = on_queued  # each request's time in the queue (0 when none)
         self.minter = RoomMinter()
         self.default_budget = default_budget
         self.retries = retries
@@ -141,8 +141,7 @@ class MeshClient:
         Aborts before it raises.
         """
         budget = min(budget, self.default_budget) if budget else self.default_budget
-        arrived = time.monotonic()
-        deadline = arrived + budget
+        deadline = time.monotonic() + budget
         progress = progress or Progress()
         avoid: frozenset[str] = frozenset()
         ticket: Ticket | None = None
@@ -210,7 +209,9 @@ class MeshClient:
             if waiting is not None:  # it left while queued: waiting, or during a try
                 mark_aborted(waiting, progress.abort_reason or "client_disconnect", "queued")
                 waiting.end()
-            self.on_queued((reserved_at or time.monotonic()) - arrived)
+            # in the queue: from joining it to the pages' reservation (or to leaving)
+            self.on_queued(0.0 if ticket is None
+                           else (reserved_at or time.monotonic()) - ticket.entered)
 
     def _join(self, ticket: Ticket | None, progress: Progress) -> Ticket:
         try:

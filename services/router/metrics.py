@@ -55,10 +55,10 @@ class RouterMetrics:
         ).labels(**labels)
         self.queue_time = Histogram(
             "pdmesh_queue_time_seconds",
-            "Time from a request's arrival to its pages' reservation (0 when none was "
-            "waited for), or to its end if it never got them",
+            "Time a request spent in the admission queue, from joining it to its pages' "
+            "reservation or to leaving (0 for a request that never waited)",
             names,
-            buckets=(0.0, *LATENCY_BUCKETS),
+            buckets=LATENCY_BUCKETS,
             registry=self.registry,
         ).labels(**labels)
 
