@@ -222,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         if plan.prefill < 1 or plan.decode < 1:
             parser.error("--prefill and --decode must be at least 1")
+        from services.router import main as router_main
+
+        # A bad router flag (`--max-queue 0`, say) is refused here, in one line, rather
+        # than by a router the supervisor would restart forever.
+        router_parser = argparse.ArgumentParser(prog="pdmesh up --router-args")
+        router_main.add_arguments(router_parser)
+        router_parser.parse_args(plan.extra["router"])
         refusal = _check_model(args.model)
         if refusal:  # before any process starts: a bad model would only crash-loop them
             print(f"pdmesh up: --model: {refusal}", file=sys.stderr)

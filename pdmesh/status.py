@@ -35,6 +35,7 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
         "deadline_expired_total": None,
         "aborts_by_reason": {},
         "prompt_tokens_computed_total": None,
+        "queue_depth": None,
     }
     channel = open_channel(member.address)
     try:
@@ -52,6 +53,8 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
             deadline_expired_total=stats.deadline_expired_total,
             aborts_by_reason=dict(stats.aborts_by_reason),
             prompt_tokens_computed_total=stats.prompt_tokens_computed_total,
+            # only a router queues: prefills and decodes admit or refuse at once
+            queue_depth=stats.queue_depth if member.role == cpb.ROUTER else None,
             pinned=[
                 {
                     "room": p.room, "generation": p.generation,
@@ -98,7 +101,7 @@ def render(status: dict) -> str:
     metrics = f" (metrics {boot['metrics']})" if boot.get("metrics") else ""
     lines = [f"bootstrap {boot['address']}{metrics}: {len(status['members'])} members"]
     header = f"{'ROLE':8} {'NAME':20} {'HEALTHY':7} {'INFLIGHT':8} {'KV PAGES':13} {'FAILED':6} "
-    lines.append(header + "ABORTS  ROOMS")
+    lines.append(header + "ABORTS  QUEUED ROOMS")
     for m in status["members"]:
         pages = (
             f"{m['kv_pages_used']}/{m['kv_pages_total']}" if m["kv_pages_total"] else "-"
@@ -107,7 +110,8 @@ def render(status: dict) -> str:
         lines.append(
             f"{m['role']:8} {m['name']:20} {'yes' if m['healthy'] else 'NO':7} "
             f"{_dash(m['inflight']):8} {pages:13} {_dash(m['transfer_failed_total']):6} "
-            f"{_dash(m['aborts_total']):7} {rooms}" + (f"  ({m['error']})" if "error" in m else "")
+            f"{_dash(m['aborts_total']):7} {_dash(m['queue_depth']):6} {rooms}"
+            + (f"  ({m['error']})" if "error" in m else "")
         )
     for m in status["members"]:
         for p in m["pinned"]:

@@ -69,3 +69,17 @@ def test_a_service_started_by_hand_says_why_in_one_line(command):
     out = run(command, "--model", model, "--bootstrap", "127.0.0.1:1")
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert f"pdmesh {command}: --model" in out.stderr.splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv", [
+    ["router", "--max-queue", "0"],
+    ["router", "--max-queue", "-3"],
+    ["router", "--queue-timeout", "0"],
+    ["up", "--model", "tiny", "--router-args", "--max-queue 0"],
+])
+def test_a_queue_bound_below_one_is_one_line_and_exit_2(argv):
+    out = run(*argv)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert "--max-queue" in last or "--queue-timeout" in last, out.stderr
+    assert "starting" not in out.stderr  # nothing was started

@@ -2,8 +2,10 @@
 
 Shared by prefill and decode so both refuse the same way: a key that already
 ended here (aborted or served: a late leg or a replay) is ABORTED, a duplicate
-is ALREADY_EXISTS, a full table or pool is RESOURCE_EXHAUSTED, and a refusal
-leaves nothing behind.
+is ALREADY_EXISTS, a full table or pool is RESOURCE_EXHAUSTED (the router queues the
+request and tries again: capacity comes back), a request larger than the whole pool is
+OUT_OF_RANGE (it never fits here: waiting would not help), and a refusal leaves
+nothing behind.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ def admit_room(
     """Create the room (deadline `budget` seconds away) and allocate `n_pages` for it."""
     if key in ended:
         raise RpcError(grpc.StatusCode.ABORTED, "room already ended here (aborted or served)")
+    if n_pages > pool.num_pages:
+        raise RpcError(
+            grpc.StatusCode.OUT_OF_RANGE,
+            f"KV pool exhausted: the request needs {n_pages} pages, more than the whole "
+            f"pool ({pool.num_pages})",
+        )
     try:
         room = table.create(key, deadline=time.monotonic() + budget)
     except DuplicateRoom as e:

@@ -27,10 +27,12 @@ log = logging.getLogger(__name__)
 class RpcError(Exception):
     """A failure with a gRPC status code, raised by service code and sent as that status."""
 
-    def __init__(self, code: grpc.StatusCode, message: str):
+    def __init__(self, code: grpc.StatusCode, message: str,
+                 trailing_metadata: tuple[tuple[str, str], ...] = ()):
         super().__init__(message)
         self.code = code
         self.message = message
+        self.trailing_metadata = trailing_metadata  # e.g. ("retry-after", "1") on a refusal
 
 
 def invalid(message: str) -> RpcError:
@@ -58,6 +60,8 @@ def contained(fn: Handler) -> Handler:
             if error is None:
                 log.exception("handler %s failed", fn.__name__)
                 error = RpcError(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+            if error.trailing_metadata:
+                await context.abort(error.code, error.message, error.trailing_metadata)
             await context.abort(error.code, error.message)
 
     return wrapper

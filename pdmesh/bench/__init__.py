@@ -44,6 +44,11 @@ repetitions is reported (rates: max, times: min).
 
 examples:
   pdmesh bench                                        SmolLM2-135M fp32 on the CPU
+  pdmesh bench --workload chat --model tiny --concurrency 48 --requests 300
+                                                      the load benchmark: refused, goodput,
+                                                      queue time, TTFT/ITL under load
+  pdmesh bench --workload chat --router 127.0.0.1:50051 --bootstrap 127.0.0.1:50050
+                                                      the same against a running mesh
   pdmesh bench --dtype bfloat16                       the mesh in bf16, the baseline in fp32
   pdmesh bench --model tiny --tokens 8 --streams 2 --reps 1 --skip-transfer
                                                       a quick smoke test
@@ -62,10 +67,15 @@ the benchmarks alone:
 """
 
 
+DEFAULT_OUT = "bench-results/mesh.json"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--out", default="bench-results/mesh.json", help="JSON output path")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help="JSON output path (default bench-results/mesh.json, with "
+                        "--workload bench-results/load.json)")
     parser.add_argument("--plot", default=None, metavar="PNG",
                         help="plot path (default: --out with .png)")
     parser.add_argument("--no-plot", action="store_true", help="no PNG")
@@ -81,8 +91,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="concurrent streams of the multi workload (16)")
     parser.add_argument("--requests", type=int, default=None,
                         help="requests of the multi workload (default --streams)")
-    parser.add_argument("--concurrency", type=int, default=None,
-                        help="closed loop: requests in flight at most (default --streams)")
+    parser.add_argument("--concurrency", default=None, metavar="N[,N...]",
+                        help="closed loop: requests in flight at most (default --streams); "
+                        "with --workload, the levels of the sweep (default 8,16,48)")
     parser.add_argument("--rate", type=float, default=None, metavar="R",
                         help="open loop instead: Poisson arrivals at R requests/s")
     parser.add_argument("--prompt-len", default=None, metavar="N|A:B",
@@ -113,9 +124,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="extra environment for the mesh's processes (repeatable)")
     parser.add_argument("--mesh-args", default="", metavar="ARGS",
                         help="extra `pdmesh up` flags, e.g. '--decode-args \"--max-batch 128\"'")
+    load = parser.add_argument_group(
+        "load (--workload): a concurrency sweep against a running mesh, see pdmesh.bench.load")
+    load.add_argument("--workload", choices=["chat"], default=None,
+                      help="run the load benchmark instead of the comparison: chat requests "
+                      "closed loop at each --concurrency level, --requests each (default 300)")
+    load.add_argument("--router", default=None, metavar="ADDR",
+                      help="the mesh to load: gRPC host:port, or http://host:port for the "
+                      "OpenAI API (default: start `pdmesh up --model MODEL --mesh-args ...` "
+                      "and use its HTTP API)")
+    load.add_argument("--bootstrap", default=None, metavar="ADDR",
+                      help="its bootstrap, for queue time, preemptions and the quiescence "
+                      "check (default: the started mesh's; none with --router)")
+    load.add_argument("--prompt-words", default="50:700", metavar="N|A:B",
+                      help="words per chat prompt (default 50:700)")
+    load.add_argument("--max-tokens", default="32:256", metavar="N|A:B",
+                      help="max_tokens per request (default 32:256)")
+    load.add_argument("--ttft-slo", type=float, default=2.0, metavar="S",
+                      help="goodput: time to first token at most S seconds (default 2)")
+    load.add_argument("--itl-slo", type=float, default=0.1, metavar="S",
+                      help="goodput: mean inter-token gap at most S seconds (default 0.1)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workload is not None:
+        from pdmesh.bench import load
+
+        if args.out == DEFAULT_OUT:
+            args.out = "bench-results/load.json"
+        return load.run(args)
+    if args.concurrency is not None:
+        try:
+            args.concurrency = int(args.concurrency)
+        except ValueError:
+            print(f"pdmesh bench: --concurrency {args.concurrency}: one integer (a sweep "
+                  "needs --workload)")
+            return 2
     from pdmesh.bench.compare import bench
 
     return bench(args)

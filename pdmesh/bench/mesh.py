@@ -199,12 +199,11 @@ def _service_pids(mesh) -> dict[str, int]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from pdmesh.bench import add_arguments
-    from pdmesh.bench.compare import bench
+    from pdmesh.bench import add_arguments, run
 
     parser = argparse.ArgumentParser(prog="python -m pdmesh.bench.mesh")
     add_arguments(parser)
-    return bench(parser.parse_args(argv))
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -56,3 +56,15 @@ def prompt_text(tok, target: int, salt: int) -> str:
         else:
             high = mid - 1
     return " ".join(words[:low])
+
+
+def words(n: int, salt: int) -> str:
+    """``n`` words of field notes (about 1.3 tokens a word), different for each ``salt``:
+    the load benchmark's prompts, sized in words as a user would size them."""
+    out: list[str] = []
+    i = 0
+    while len(out) < n:
+        out += (f"Note {i}: the {SUBJECTS[(i + salt) % 8]} {VERBS[i % 7]} "
+                f"{OBJECTS[(3 * i + salt) % 5]} near marker {17 * i + salt}.").split()
+        i += 1
+    return " ".join(out[:n])

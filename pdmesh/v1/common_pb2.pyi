@@ -197,7 +197,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MemberStats(_message.Message):
-    __slots__ = ("role", "name", "epoch", "healthy", "inflight", "kv_pages_used", "kv_pages_total", "rooms", "transfer_failed_total", "aborts_total", "requests_total", "pinned", "pid", "deadline_expired_total", "aborts_by_reason", "prompt_tokens_computed_total", "metrics_address")
+    __slots__ = ("role", "name", "epoch", "healthy", "inflight", "kv_pages_used", "kv_pages_total", "rooms", "transfer_failed_total", "aborts_total", "requests_total", "pinned", "pid", "deadline_expired_total", "aborts_by_reason", "prompt_tokens_computed_total", "metrics_address", "queue_depth")
     class RoomsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -229,6 +229,7 @@ class MemberStats(_message.Message):
     ABORTS_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_COMPUTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     role: Role
     name: str
     epoch: int
@@ -246,7 +247,8 @@ class MemberStats(_message.Message):
     aborts_by_reason: _containers.ScalarMap[str, int]
     prompt_tokens_computed_total: int
     metrics_address: str
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., healthy: _Optional[bool] = ..., inflight: _Optional[int] = ..., kv_pages_used: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., rooms: _Optional[_Mapping[str, int]] = ..., transfer_failed_total: _Optional[int] = ..., aborts_total: _Optional[int] = ..., requests_total: _Optional[int] = ..., pinned: _Optional[_Iterable[_Union[PinnedRoom, _Mapping]]] = ..., pid: _Optional[int] = ..., deadline_expired_total: _Optional[int] = ..., aborts_by_reason: _Optional[_Mapping[str, int]] = ..., prompt_tokens_computed_total: _Optional[int] = ..., metrics_address: _Optional[str] = ...) -> None: ...
+    queue_depth: int
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., healthy: _Optional[bool] = ..., inflight: _Optional[int] = ..., kv_pages_used: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., rooms: _Optional[_Mapping[str, int]] = ..., transfer_failed_total: _Optional[int] = ..., aborts_total: _Optional[int] = ..., requests_total: _Optional[int] = ..., pinned: _Optional[_Iterable[_Union[PinnedRoom, _Mapping]]] = ..., pid: _Optional[int] = ..., deadline_expired_total: _Optional[int] = ..., aborts_by_reason: _Optional[_Mapping[str, int]] = ..., prompt_tokens_computed_total: _Optional[int] = ..., metrics_address: _Optional[str] = ..., queue_depth: _Optional[int] = ...) -> None: ...
 
 class PinnedRoom(_message.Message):
     __slots__ = ("room", "generation", "state", "age_seconds", "idle_seconds", "peer")

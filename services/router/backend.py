@@ -169,9 +169,14 @@ class MeshBackend:
                 raise RequestError(504, f"the request's deadline passed: {e}",
                                    type="timeout") from e
             if first and e.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-                raise RequestError(429, f"the mesh is full: {e}", type="rate_limit_exceeded") from e
+                raise RequestError(429, f"the mesh is full: {e}", type="rate_limit_exceeded",
+                                   retry_after=e.retry_after) from e
+            if first and e.code == grpc.StatusCode.OUT_OF_RANGE:  # larger than a whole pool
+                raise RequestError(400, f"the request cannot fit: {e}", param="max_tokens",
+                                   code="kv_pool_exceeded") from e
             if first:
-                raise RequestError(503, f"the mesh failed: {e}", type="service_unavailable") from e
+                raise RequestError(503, f"the mesh failed: {e}", type="service_unavailable",
+                                   retry_after=e.retry_after) from e
             raise
         finally:
             self.inflight -= 1

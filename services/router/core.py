@@ -19,14 +19,14 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
 import anyio
 import grpc
 from opentelemetry import trace
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from libs.member.timeouts import TIMEOUTS
 from libs.rpc.calls import unary
@@ -34,6 +34,7 @@ from libs.tracing import mark_aborted, outgoing_metadata, span
 from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import decode_pb2 as dpb
 from pdmesh.v1 import prefill_pb2 as ppb
+from services.router.admission import AdmissionQueue, QueueFull, QueueTimeout, Ticket
 from services.router.pairing import NoPair, Pair, Pairing
 
 log = logging.getLogger(__name__)
@@ -47,10 +48,11 @@ class MeshError(Exception):
     """The mesh failed this request; `code` is the gRPC status that best describes it."""
 
     def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
-                 pair: Pair | None = None):
+                 pair: Pair | None = None, retry_after: int | None = None):
         super().__init__(message)
         self.code = code
         self.pair = pair  # the attempt's pair, when one was picked
+        self.retry_after = retry_after  # seconds, for a refusal the client may retry
 
 
 @dataclass
@@ -107,12 +109,15 @@ class RoomMinter:
 
 class MeshClient:
     def __init__(self, pairing: Pairing, default_budget: float = 300.0, retries: int = 1,
-                 on_retry=lambda: None):
+                 on_retry=lambda: None, queue: AdmissionQueue | None = None,
+                 on_queued=lambda seconds: None):
         self.pairing = pairing
         self.on_retry = on_retry
+        self.on_queued = on_queued  # each request's time in the queue (0 when none)
         self.minter = RoomMinter()
         self.default_budget = default_budget
         self.retries = retries
+        self.queue = queue or AdmissionQueue(max_queue=1024, timeout=default_budget)
         self.aborts: dict[str, int] = {}
 
     async def generate(
@@ -120,6 +125,14 @@ class MeshClient:
         progress: Progress | None = None,
     ) -> AsyncIterator[Tokens | Finished]:
         """Run one request; yields Tokens then one Finished, or raises MeshError.
+
+        Admission waits (services/router/admission.py): a request that arrives behind
+        others joins the queue behind them, and one whose attempt was refused for
+        capacity (RESOURCE_EXHAUSTED before any token) waits at its place in the queue
+        and tries again; only a full queue (RESOURCE_EXHAUSTED, retry_after set) or a
+        wait past its budget (UNAVAILABLE, or DEADLINE_EXCEEDED at the request's own
+        deadline) ends it there. A refusal is not a retry: the retries below are for
+        failures.
 
         An attempt that fails RETRYABLE (a peer lost, a transfer failed, a partner's
         epoch not yet known) before any token reached the caller is retried, on
@@ -131,36 +144,111 @@ class MeshClient:
         deadline = time.monotonic() + budget
         progress = progress or Progress()
         avoid: frozenset[str] = frozenset()
-        for attempt in range(self.retries + 1):
-            yielded = False
-            try:
-                # aclosing: a caller that leaves while we sit at `yield` closes the attempt
-                # here, in its own task, so its Aborts are sent now; a bare `async for`
-                # would leave them to the garbage collector's finalizer, detached and late.
-                async with aclosing(
-                    self._attempt(prompt, sampling, deadline, avoid, progress)
-                ) as events:
-                    async for event in events:
-                        yielded = True
-                        yield event
-                return
-            except MeshError as e:
-                retry = (
-                    not yielded
-                    and attempt < self.retries
-                    and e.code in RETRYABLE
-                    and e.pair is not None
-                    and time.monotonic() < deadline
-                )
-                if not retry:
-                    raise
-                self.on_retry()
-                avoid = frozenset({e.pair.prefill.member.name, e.pair.decode.member.name})
-                log.warning("retrying after %s (attempt %d)", e, attempt + 1)
+        ticket: Ticket | None = None
+        reserved_at: float | None = None
+        # One span for a stay in the queue, from joining it to the pages' reservation
+        # (its tries, each a refused `decode call`, are its siblings).
+        waiting: Span | None = None
+
+        def reserved() -> None:
+            """The decode holds the request's pages: out of the queue, the next may try."""
+            nonlocal reserved_at, waiting
+            reserved_at = time.monotonic()
+            if ticket is not None:
+                self.queue.leave(ticket)
+            if waiting is not None:
+                waiting.end()
+                waiting = None
+
+        async def wait_turn() -> None:
+            nonlocal ticket, waiting
+            ticket = self._join(ticket, progress)
+            if waiting is None:
+                waiting = trace.get_tracer("pdmesh").start_span(
+                    "queue wait", attributes={"pdmesh.queue.depth": self.queue.depth})
+            await self._wait(ticket, deadline, progress, waiting)
+
+        try:
+            if self.queue.busy():  # others wait for capacity: behind them, not before
+                await wait_turn()
+            failures = 0
+            while True:
+                yielded = False
+                try:
+                    # aclosing: a caller that leaves while we sit at `yield` closes the
+                    # attempt here, in its own task, so its Aborts are sent now; a bare
+                    # `async for` would leave them to the garbage collector's finalizer,
+                    # detached and late.
+                    async with aclosing(
+                        self._attempt(prompt, sampling, deadline, avoid, progress, reserved)
+                    ) as events:
+                        async for event in events:
+                            yielded = True
+                            yield event
+                    return
+                except MeshError as e:
+                    if e.code == grpc.StatusCode.RESOURCE_EXHAUSTED and not yielded:
+                        await wait_turn()
+                        continue
+                    retry = (
+                        not yielded
+                        and failures < self.retries
+                        and e.code in RETRYABLE
+                        and e.pair is not None
+                        and time.monotonic() < deadline
+                    )
+                    if not retry:
+                        raise
+                    failures += 1
+                    self.on_retry()
+                    avoid = frozenset({e.pair.prefill.member.name, e.pair.decode.member.name})
+                    log.warning("retrying after %s (attempt %d)", e, failures)
+        finally:
+            if ticket is not None:
+                self.queue.leave(ticket)
+            if waiting is not None:  # it left while queued: waiting, or during a try
+                mark_aborted(waiting, progress.abort_reason or "client_disconnect", "queued")
+                waiting.end()
+            # in the queue: from joining it to the pages' reservation (or to leaving)
+            self.on_queued(0.0 if ticket is None
+                           else (reserved_at or time.monotonic()) - ticket.entered)
+
+    def _join(self, ticket: Ticket | None, progress: Progress) -> Ticket:
+        try:
+            return self.queue.join(ticket)
+        except QueueFull as e:
+            progress.abort_reason = "rejected"
+            self._count_abort("rejected")
+            raise MeshError(str(e), grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            retry_after=e.retry_after) from None
+
+    async def _wait(self, ticket: Ticket, deadline: float, progress: Progress,
+                    waiting: Span) -> None:
+        """Wait for the ticket's turn; a client that leaves here leaves only the queue:
+        none of its attempts holds anything on a member (a refused one never did, an
+        earlier one's Aborts were answered before it raised)."""
+        progress.stage, progress.abort_reason = "queued", None
+        try:
+            await self.queue.wait_turn(ticket, deadline)
+        except QueueTimeout as e:
+            progress.abort_reason = "deadline"
+            self._count_abort("deadline")
+            if e.deadline:
+                raise MeshError(str(e), grpc.StatusCode.DEADLINE_EXCEEDED) from None
+            raise MeshError(str(e), grpc.StatusCode.UNAVAILABLE,
+                            retry_after=e.retry_after) from None
+        except anyio.get_cancelled_exc_class():
+            progress.abort_reason = "client_disconnect"
+            self._count_abort("client_disconnect")
+            waiting.add_event("cancelled")  # between tries: no member holds anything of it
+            raise
+
+    def _count_abort(self, reason: str) -> None:
+        self.aborts[reason] = self.aborts.get(reason, 0) + 1
 
     async def _attempt(
         self, prompt: list[int], sampling: cpb.SamplingParams, deadline: float,
-        avoid: frozenset[str], progress: Progress,
+        avoid: frozenset[str], progress: Progress, reserved: Callable[[], None],
     ) -> AsyncIterator[Tokens | Finished]:
         key = self.minter.mint()
         progress.room, progress.stage = key.room.hex(), "queued"
@@ -170,10 +258,11 @@ class MeshClient:
         except NoPair as e:
             raise MeshError(str(e), grpc.StatusCode.UNAVAILABLE) from None
         with pair:
-            legs = _Legs(pair, key, progress)
+            legs = _Legs(pair, key, progress, reserved, self.queue.capacity_freed)
             pair.prefill.requests.add(legs)
             pair.decode.requests.add(legs)
             reason = "internal"
+            exhausted = False  # refused for capacity: the request queues, it is not aborted
             try:
                 async with aclosing(legs.run(prompt, sampling, deadline)) as events:
                     async for event in events:
@@ -184,6 +273,7 @@ class MeshClient:
                     reason = "peer_lost"
                     raise MeshError(legs.lost, grpc.StatusCode.UNAVAILABLE, pair) from None
                 reason = _reason_for(e.code())
+                exhausted = e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
                 raise MeshError(f"{e.code().name}: {e.details()}", e.code(), pair) from None
             except MeshError as e:
                 e.pair = pair
@@ -198,21 +288,30 @@ class MeshClient:
             finally:
                 pair.prefill.requests.discard(legs)
                 pair.decode.requests.discard(legs)
-                if not legs.finished:
-                    self.aborts[reason] = self.aborts.get(reason, 0) + 1
+                # A decode that refused at admission holds nothing and was never joined by
+                # a prefill: nothing to abort, and no capacity came back.
+                if not legs.finished and not legs.refused:
+                    if not exhausted:
+                        self._count_abort(reason)
                     progress.abort_reason = reason
                     with anyio.move_on_after(TIMEOUTS.abort_seconds, shield=True):
                         await legs.abort(reason)
                 legs.end_decode_span()
+                if not legs.refused:
+                    self.queue.capacity_freed()
 
 
 class _Legs:
     """The two calls of one request and how to cancel them."""
 
-    def __init__(self, pair: Pair, key: cpb.RoomKey, progress: Progress):
+    def __init__(self, pair: Pair, key: cpb.RoomKey, progress: Progress,
+                 reserved: Callable[[], None], prefill_freed: Callable[[], None]):
         self.pair = pair
         self.key = key
         self.progress = progress
+        self.reserved = reserved  # the decode reserved the pages (its TransferInfo came)
+        self.prefill_freed = prefill_freed  # the prefill's pages came back
+        self.refused = False  # the decode refused at admission: it holds nothing
         self.decode_span: Span | None = None
         self.decode_call = None
         self.prefill_call = None
@@ -232,7 +331,9 @@ class _Legs:
 
     def end_decode_span(self) -> None:
         if self.decode_span is not None:
-            if not self.finished:
+            if self.refused:  # not an abort: the request waits in the queue and tries again
+                self.decode_span.set_status(Status(StatusCode.ERROR, "refused for capacity"))
+            elif not self.finished:
                 mark_aborted(self.decode_span, self.progress.abort_reason or "internal",
                              self.progress.stage)
             self.decode_span.end()
@@ -254,9 +355,16 @@ class _Legs:
             timeout=deadline - time.monotonic(),
             metadata=outgoing_metadata(span=self.decode_span),
         )
-        first = await self.decode_call.read()
+        try:
+            first = await self.decode_call.read()
+        except grpc.aio.AioRpcError as e:
+            # The call ended with the decode's own status before any TransferInfo: a
+            # refusal at admission leaves nothing on it (libs/member/admission.py).
+            self.refused = e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            raise
         if first is grpc.aio.EOF or not first.HasField("transfer"):
             raise MeshError("decode did not answer with a TransferInfo", grpc.StatusCode.INTERNAL)
+        self.reserved()
         result = None
         with span("prefill call", kind=SpanKind.CLIENT,
                   attributes={"pdmesh.member": pair.prefill.member.name,
@@ -285,6 +393,7 @@ class _Legs:
                 grpc.StatusCode.INTERNAL,
             )
         self.prefill_done = True
+        self.prefill_freed()
         progress.stage = "transfer"
         # The prefill says every page was written; a decode that still sees no KvReady
         # after the grace is a lost notification, reported as one, not a 300 s hang.

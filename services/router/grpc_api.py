@@ -67,6 +67,11 @@ def to_completion_request(request: gpb.GenerateRequest) -> CompletionRequest:
     )
 
 
+def _retry_after(seconds: int | None) -> tuple[tuple[str, str], ...]:
+    """A refusal's Retry-After as trailing metadata, the HTTP header's gRPC twin."""
+    return () if seconds is None else (("retry-after", str(seconds)),)
+
+
 async def _write(context, prompt_tokens: int, events: list[Tokens | Finished]) -> None:
     """Every token that waited in one GeneratedText, then the GenerateFinished if it came."""
     tokens = [e for e in events if isinstance(e, Tokens)]
@@ -113,9 +118,13 @@ class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
             await relay(lambda: self.backend.run(prompt, sampling, operation_of(req), budget),
                         functools.partial(_write, context, len(prompt)))
         except RequestError as e:
-            raise RpcError(_HTTP_TO_GRPC.get(e.status, grpc.StatusCode.INTERNAL), e.message) from e
+            # The mesh's own code when it has one (OUT_OF_RANGE is a 400 on HTTP, say).
+            cause = e.__cause__
+            code = (cause.code if isinstance(cause, MeshError)
+                    else _HTTP_TO_GRPC.get(e.status, grpc.StatusCode.INTERNAL))
+            raise RpcError(code, e.message, _retry_after(e.retry_after)) from e
         except MeshError as e:
-            raise RpcError(e.code, str(e)) from e
+            raise RpcError(e.code, str(e), _retry_after(e.retry_after)) from e
 
     @contained
     async def ListModels(self, request, context):
@@ -133,4 +142,5 @@ class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
             healthy=self.backend.is_healthy()[0],
             inflight=self.backend.inflight,
             aborts_total=sum(self.backend.mesh.aborts.values()),
+            queue_depth=self.backend.mesh.queue.depth,
         )

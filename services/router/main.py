@@ -16,6 +16,7 @@ from libs.rpc.server import start_server
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import generate_pb2
+from services.router.admission import AdmissionQueue
 from services.router.backend import MeshBackend
 from services.router.core import MeshClient
 from services.router.grpc_api import GenerateService
@@ -48,6 +49,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "before its first token, "
         "on another pair when one exists, after the failed legs were aborted (default 1)",
     )
+    parser.add_argument(
+        "--max-queue", type=queue_bound, default=1024, metavar="N",
+        help="requests that may wait for KV capacity (the admission queue, FIFO) before "
+        "a new one is refused at once with 429 / RESOURCE_EXHAUSTED (default 1024; at "
+        "least 1)",
+    )
+    parser.add_argument(
+        "--queue-timeout", type=positive_seconds, default=60.0, metavar="S",
+        help="longest wait in the admission queue: then 503 / UNAVAILABLE (default 60; "
+        "the request's own deadline ends it earlier, as 504 / DEADLINE_EXCEEDED)",
+    )
+
+
+def queue_bound(text: str) -> int:
+    """--max-queue: an integer >= 1 (0 would refuse whatever cannot start at once, which
+    is what the queue exists to avoid; a mesh that must not queue has no such mode)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: the queue must hold at least 1 request")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be more than 0 seconds")
+    return value
 
 
 def served_model_id(spec: str) -> str:
@@ -65,9 +99,10 @@ async def serve(args: argparse.Namespace) -> None:
     model_id = served_model_id(args.model)
     pairing = Pairing()
     metrics = RouterMetrics(name)
+    queue = AdmissionQueue(args.max_queue, args.queue_timeout, on_depth=metrics.queue_depth.set)
     mesh = MeshClient(
         pairing, default_budget=args.request_timeout, retries=args.retries,
-        on_retry=metrics.retry,
+        on_retry=metrics.retry, queue=queue, on_queued=metrics.queue_time.observe,
     )
     backend = MeshBackend(model_id, config, tokenizer, mesh, metrics)
     grpc_api = GenerateService(backend, name)

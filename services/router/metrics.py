@@ -49,6 +49,19 @@ class RouterMetrics:
             registry=self.registry,
         ).labels(**labels)
 
+        self.queue_depth = Gauge(
+            "pdmesh_queue_depth", "Requests waiting in the admission queue", names,
+            registry=self.registry,
+        ).labels(**labels)
+        self.queue_time = Histogram(
+            "pdmesh_queue_time_seconds",
+            "Time a request spent in the admission queue, from joining it to its pages' "
+            "reservation or to leaving (0 for a request that never waited)",
+            names,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        ).labels(**labels)
+
     def outcome(self, outcome: str) -> None:
         self.requests.labels(**self._labels, outcome=outcome).inc()
 

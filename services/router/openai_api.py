@@ -126,7 +126,7 @@ async def read_json(request: Request) -> object:
 
 async def request_error_response(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestError)
-    return JSONResponse(exc.to_body(), status_code=exc.status)
+    return JSONResponse(exc.to_body(), status_code=exc.status, headers=exc.headers())
 
 
 async def http_exception_response(request: Request, exc: Exception) -> Response:

@@ -195,7 +195,8 @@ class CompletionResponse(Response):
             cause = error.__cause__ or error
             logger.error("request %s failed: %r", self.wire.id, cause, exc_info=cause)
         response = JSONResponse(
-            error.to_body(), status_code=error.status, headers={"x-request-id": self.wire.id}
+            error.to_body(), status_code=error.status,
+            headers={"x-request-id": self.wire.id, **error.headers()},
         )
         await response(scope, receive, send)
 

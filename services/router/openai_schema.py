@@ -57,6 +57,7 @@ class RequestError(Exception):
         type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -64,6 +65,10 @@ class RequestError(Exception):
         self.type = type
         self.param = param
         self.code = code
+        self.retry_after = retry_after  # seconds: sent as the Retry-After header
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after is None else {"retry-after": str(self.retry_after)}
 
     def to_body(self) -> dict[str, Any]:
         """The OpenAI error object: `{"error": {"message", "type", "param", "code"}}`."""

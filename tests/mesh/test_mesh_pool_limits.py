@@ -1,5 +1,6 @@
-"""A request larger than a member's KV pool is refused typed, on gRPC and on HTTP, by
-the decode (prompt plus max_tokens) and by the prefill (the prompt), and the mesh keeps
+"""A request larger than a member's whole KV pool is refused typed and at once (waiting
+in the router's queue would not help), on gRPC (OUT_OF_RANGE) and on HTTP (400), by the
+decode (prompt plus max_tokens) and by the prefill (the prompt), and the mesh keeps
 serving with nothing held."""
 
 from __future__ import annotations
@@ -42,19 +43,19 @@ async def tokens(mesh, prompt: str, max_tokens: int) -> int:
     (50, 600, "decode"),  # 650 tokens: 41 pages of the decode's 32
     (200, 8, "prefill"),  # a 200-token prompt: 13 pages of the prefill's 8
 ])
-async def test_a_request_larger_than_the_pool_is_resource_exhausted(
+async def test_a_request_larger_than_the_pool_is_refused_at_once(
     small_pools, prompt_words, max_tokens, member
 ):
     with pytest.raises(grpc.aio.AioRpcError) as e:
         await tokens(small_pools, words(prompt_words), max_tokens)
-    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert "KV pool exhausted" in e.value.details()
+    assert e.value.code() == grpc.StatusCode.OUT_OF_RANGE
+    assert "more than the whole pool" in e.value.details()
     async with httpx.AsyncClient(base_url=small_pools.base_url, timeout=60) as http:
         reply = await http.post("/completions", json={
             "model": "tiny", "prompt": words(prompt_words), "max_tokens": max_tokens,
             "ignore_eos": True,
         })
-    assert reply.status_code == 429, reply.text
-    assert reply.json()["error"]["type"] == "rate_limit_exceeded"
+    assert reply.status_code == 400, reply.text
+    assert reply.json()["error"]["code"] == "kv_pool_exceeded"
     await anyio.to_thread.run_sync(wait_quiet, small_pools, 2.0)
     assert await tokens(small_pools, words(20), 8) == 8  # and the mesh still serves
