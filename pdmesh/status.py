@@ -35,6 +35,7 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
         "deadline_expired_total": None,
         "aborts_by_reason": {},
         "prompt_tokens_computed_total": None,
+        "preemptions_total": None,
     }
     channel = open_channel(member.address)
     try:
@@ -52,6 +53,7 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
             deadline_expired_total=stats.deadline_expired_total,
             aborts_by_reason=dict(stats.aborts_by_reason),
             prompt_tokens_computed_total=stats.prompt_tokens_computed_total,
+            preemptions_total=stats.preemptions_total,
             pinned=[
                 {
                     "room": p.room, "generation": p.generation,

@@ -22,6 +22,7 @@ from services.router.grpc_api import GenerateService
 from services.router.metrics import RouterMetrics
 from services.router.openai_api import create_app
 from services.router.pairing import Pairing
+from services.router.resume import DEFAULT_MAX_PREEMPTIONS
 
 log = logging.getLogger("pdmesh.router")
 
@@ -48,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "before its first token, "
         "on another pair when one exists, after the failed legs were aborted (default 1)",
     )
+    parser.add_argument(
+        "--max-preemptions", type=int, default=DEFAULT_MAX_PREEMPTIONS, metavar="N",
+        help="re-runs of a request that decodes preempted (their KV pool ran dry) before it "
+        f"fails ABORTED (default {DEFAULT_MAX_PREEMPTIONS})",
+    )
 
 
 def served_model_id(spec: str) -> str:
@@ -67,7 +73,8 @@ async def serve(args: argparse.Namespace) -> None:
     metrics = RouterMetrics(name)
     mesh = MeshClient(
         pairing, default_budget=args.request_timeout, retries=args.retries,
-        on_retry=metrics.retry,
+        on_retry=metrics.retry, max_preemptions=args.max_preemptions,
+        on_rerun=metrics.rerun,
     )
     backend = MeshBackend(model_id, config, tokenizer, mesh, metrics)
     grpc_api = GenerateService(backend, name)
