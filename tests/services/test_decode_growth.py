@@ -3,6 +3,7 @@ continuation that samples what an unpreempted run samples."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 
@@ -105,8 +106,13 @@ def test_the_reservation_is_the_prompt_plus_a_margin_or_everything_up_front():
 
 @pytest.fixture(scope="module")
 def engine_maker():
-    config = ModelConfig.tiny()
-    weights = random_weights(config, seed=3).to("cpu", torch.float32)
+    """A random model whose tokens depend on the context and the seed: tiny's tied,
+    unit-scale embedding repeats one token whatever it is given, which would hide a wrong
+    page or a wrong sampling step; an untied head over a small vocabulary does not."""
+    config = dataclasses.replace(ModelConfig.tiny(), vocab_size=512, tie_embeddings=False)
+    weights = random_weights(config, seed=3)
+    weights.lm_head = weights.lm_head * 8
+    weights = weights.to("cpu", torch.float32)
     return lambda pages: Engine(config, weights, KvPool(config, pages, PAGE))
 
 
@@ -128,6 +134,7 @@ async def test_the_batch_preempts_the_newest_and_its_continuation_samples_the_sa
     start_step = their count, on a fresh pool) completes exactly its unpreempted stream."""
     alone_engine = engine_maker(64)
     alone = [generate(alone_engine, p, SEEDED) for p in PROMPTS]
+    assert len({t for tokens in alone for t in tokens}) > 20  # the check can tell
 
     engine = engine_maker(16)
     batcher = Batcher(engine, eos_token_ids=[])
