@@ -104,6 +104,7 @@ async def blocking(fn, *args):
 
 
 def mesh_with(tmp: Path, model: str, pages: int, reserve: str) -> Mesh:
+    tmp.mkdir(parents=True, exist_ok=True)
     return start_mesh(tmp, model=model, timeout=300, up_args=[
         "--decode-kv-pages", str(pages), "--decode-args", f"--kv-reserve {reserve}"])
 
