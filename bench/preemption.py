@@ -13,7 +13,7 @@ storm: N concurrent greedy requests whose whole lengths need about 3.3x the deco
 ends with no page used on any member.
 
     python -m bench.preemption capacity [--model tiny]
-    python -m bench.preemption storm [--model smollm2] [--requests 12] [--max-tokens 96]
+    python -m bench.preemption storm [--model smollm2] [--requests 12] [--max-tokens 160]
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def main() -> None:
     st = sub.add_parser("storm")
     st.add_argument("--model", default="tiny")
     st.add_argument("--requests", type=int, default=12)
-    st.add_argument("--max-tokens", type=int, default=96)
+    st.add_argument("--max-tokens", type=int, default=160)
     st.add_argument("--prompt-words", type=int, default=24)
     st.add_argument("--fraction", type=float, default=0.3, help="pool / demand")
     args = parser.parse_args()
