@@ -36,6 +36,7 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
         "aborts_by_reason": {},
         "prompt_tokens_computed_total": None,
         "queue_depth": None,
+        "preemptions_total": None,
     }
     channel = open_channel(member.address)
     try:
@@ -55,6 +56,7 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
             prompt_tokens_computed_total=stats.prompt_tokens_computed_total,
             # only a router queues: prefills and decodes admit or refuse at once
             queue_depth=stats.queue_depth if member.role == cpb.ROUTER else None,
+            preemptions_total=stats.preemptions_total,
             pinned=[
                 {
                     "room": p.room, "generation": p.generation,

@@ -39,6 +39,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # The step of the first token: a preempted request's re-run starts where its stream
+    # paused, so its seeded draws are the ones an unpreempted run makes.
+    start_step: int = 0
 
     def __post_init__(self) -> None:
         if self.temperature < 0:

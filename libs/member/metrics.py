@@ -116,6 +116,9 @@ class _StatsCollector:
         yield counter("pdmesh_room_deadline_expired", "Rooms failed by their deadline",
                       s.deadline_expired_total)
         yield counter("pdmesh_member_requests", "Requests received", s.requests_total)
+        if s.role == cpb.DECODE:
+            yield counter("pdmesh_preemptions", "Sequences preempted when the KV pool ran dry",
+                          s.preemptions_total)
         if s.role == cpb.PREFILL:
             yield counter("pdmesh_prompt_tokens_computed", "Prompt tokens through the model",
                           s.prompt_tokens_computed_total)

@@ -36,6 +36,7 @@ def sampling_from_proto(params: cpb.SamplingParams) -> SamplingParams:
         stop=list(params.stop),
         stop_token_ids=list(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
+        start_step=params.start_step,
     )
 
 

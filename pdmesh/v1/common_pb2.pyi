@@ -61,7 +61,7 @@ class PeerRef(_message.Message):
     def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "top_k")
+    __slots__ = ("temperature", "top_p", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "top_k", "start_step")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class SamplingParams(_message.Message):
     STOP_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
+    START_STEP_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     seed: int
@@ -78,7 +79,8 @@ class SamplingParams(_message.Message):
     stop_token_ids: _containers.RepeatedScalarFieldContainer[int]
     ignore_eos: bool
     top_k: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., top_k: _Optional[int] = ...) -> None: ...
+    start_step: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., top_k: _Optional[int] = ..., start_step: _Optional[int] = ...) -> None: ...
 
 class KvLayout(_message.Message):
     __slots__ = ("model", "dtype", "page_size", "num_layers", "num_kv_heads", "head_dim", "page_bytes", "transfer_format", "wire_page_bytes")
@@ -197,7 +199,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MemberStats(_message.Message):
-    __slots__ = ("role", "name", "epoch", "healthy", "inflight", "kv_pages_used", "kv_pages_total", "rooms", "transfer_failed_total", "aborts_total", "requests_total", "pinned", "pid", "deadline_expired_total", "aborts_by_reason", "prompt_tokens_computed_total", "metrics_address", "queue_depth")
+    __slots__ = ("role", "name", "epoch", "healthy", "inflight", "kv_pages_used", "kv_pages_total", "rooms", "transfer_failed_total", "aborts_total", "requests_total", "pinned", "pid", "deadline_expired_total", "aborts_by_reason", "prompt_tokens_computed_total", "metrics_address", "queue_depth", "preemptions_total")
     class RoomsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +232,7 @@ class MemberStats(_message.Message):
     PROMPT_TOKENS_COMPUTED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     role: Role
     name: str
     epoch: int
@@ -248,7 +251,8 @@ class MemberStats(_message.Message):
     prompt_tokens_computed_total: int
     metrics_address: str
     queue_depth: int
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., healthy: _Optional[bool] = ..., inflight: _Optional[int] = ..., kv_pages_used: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., rooms: _Optional[_Mapping[str, int]] = ..., transfer_failed_total: _Optional[int] = ..., aborts_total: _Optional[int] = ..., requests_total: _Optional[int] = ..., pinned: _Optional[_Iterable[_Union[PinnedRoom, _Mapping]]] = ..., pid: _Optional[int] = ..., deadline_expired_total: _Optional[int] = ..., aborts_by_reason: _Optional[_Mapping[str, int]] = ..., prompt_tokens_computed_total: _Optional[int] = ..., metrics_address: _Optional[str] = ..., queue_depth: _Optional[int] = ...) -> None: ...
+    preemptions_total: int
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., healthy: _Optional[bool] = ..., inflight: _Optional[int] = ..., kv_pages_used: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., rooms: _Optional[_Mapping[str, int]] = ..., transfer_failed_total: _Optional[int] = ..., aborts_total: _Optional[int] = ..., requests_total: _Optional[int] = ..., pinned: _Optional[_Iterable[_Union[PinnedRoom, _Mapping]]] = ..., pid: _Optional[int] = ..., deadline_expired_total: _Optional[int] = ..., aborts_by_reason: _Optional[_Mapping[str, int]] = ..., prompt_tokens_computed_total: _Optional[int] = ..., metrics_address: _Optional[str] = ..., queue_depth: _Optional[int] = ..., preemptions_total: _Optional[int] = ...) -> None: ...
 
 class PinnedRoom(_message.Message):
     __slots__ = ("room", "generation", "state", "age_seconds", "idle_seconds", "peer")

@@ -35,17 +35,25 @@ class Finish(_message.Message):
     completion_tokens: int
     def __init__(self, finish_reason: _Optional[str] = ..., completion_tokens: _Optional[int] = ...) -> None: ...
 
+class Preempted(_message.Message):
+    __slots__ = ("completion_tokens",)
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    completion_tokens: int
+    def __init__(self, completion_tokens: _Optional[int] = ...) -> None: ...
+
 class DecodeEvent(_message.Message):
-    __slots__ = ("transfer", "tokens", "finish", "kv_arrived")
+    __slots__ = ("transfer", "tokens", "finish", "kv_arrived", "preempted")
     TRANSFER_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISH_FIELD_NUMBER: _ClassVar[int]
     KV_ARRIVED_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     transfer: _common_pb2.TransferInfo
     tokens: TokenChunk
     finish: Finish
     kv_arrived: KvArrived
-    def __init__(self, transfer: _Optional[_Union[_common_pb2.TransferInfo, _Mapping]] = ..., tokens: _Optional[_Union[TokenChunk, _Mapping]] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., kv_arrived: _Optional[_Union[KvArrived, _Mapping]] = ...) -> None: ...
+    preempted: Preempted
+    def __init__(self, transfer: _Optional[_Union[_common_pb2.TransferInfo, _Mapping]] = ..., tokens: _Optional[_Union[TokenChunk, _Mapping]] = ..., finish: _Optional[_Union[Finish, _Mapping]] = ..., kv_arrived: _Optional[_Union[KvArrived, _Mapping]] = ..., preempted: _Optional[_Union[Preempted, _Mapping]] = ...) -> None: ...
 
 class KvArrived(_message.Message):
     __slots__ = ("prompt_tokens",)

@@ -5,9 +5,12 @@ batch on the compute thread (the event loop never blocks on it), with one device
 copy of the sampled ids; EOS, stop tokens and max_tokens are checked on the host from that
 list, and each token goes to its sequence's own stream. Detokenizing and stop strings are
 the stream reader's work (`services/decode/stream.py`), done on the event loop while the
-next step computes. A sequence leaves the batch when it finishes or is cancelled; its
-`released` event tells the owner that no step can touch its pages any more, so they may
-be freed.
+next step computes. A sequence leaves the batch when it finishes, is cancelled or is
+preempted; its `released` event tells the owner that no step can touch its pages any
+more, so they may be freed.
+
+Before each step the batch grows its sequences' pages as they need them, preempting the
+newest when the pool runs dry (`services/decode/growth.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from libs.engine.engine import DecodeSeq, Engine
 from libs.engine.sampling import BatchSampling, SamplingParams, request_seed, sample_batch
 from libs.member.loop import ComputeLoop
 from libs.member.timeouts import TIMEOUTS
+from services.decode.growth import grow
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +37,8 @@ class Sampled:
 
     ``finish_reason`` is set on the sequence's last item: "stop" on an EOS or stop token
     (which has no text of its own), "length" on the last token max_tokens allows, "error"
-    (with no token) when the step failed.
+    (with no token) when the step failed, "preempted" (with no token) when the batch took
+    its pages back for older sequences.
     """
 
     token: int
@@ -42,6 +47,8 @@ class Sampled:
 
 @dataclass(eq=False)
 class Sequence:
+    # The owner's list: growth appends to it, a preemption frees and empties it, so the
+    # owner's release frees exactly what is left (services/decode/growth.py).
     pages: list[int]
     prompt_len: int
     params: SamplingParams
@@ -53,6 +60,7 @@ class Sequence:
     last_token: int = 0
     cancelled: bool = False
     finished: bool = False
+    order: int = 0  # admission order, for newest-first preemption
     released: anyio.Event = field(default_factory=anyio.Event)
 
     def accept(self, token: int) -> Sampled:
@@ -76,6 +84,8 @@ class Batcher(ComputeLoop):
         self.running: list[Sequence] = []
         self.waiting: list[Sequence] = []
         self.steps = 0
+        self.preemptions = 0
+        self._admitted = 0
 
     def admit(self, pages, prompt_len: int, first_token: int, params: SamplingParams) -> Sequence:
         # every token of a sequence (and the error) fits: send_nowait never blocks the step
@@ -89,7 +99,9 @@ class Batcher(ComputeLoop):
             end_ids=frozenset(end_ids),
             send=send,
             receive=receive,
+            order=self._admitted,
         )
+        self._admitted += 1
         sampled = seq.accept(first_token)  # sampled by the prefill
         send.send_nowait(sampled)
         if sampled.finish_reason is not None:
@@ -122,6 +134,9 @@ class Batcher(ComputeLoop):
             room = self.max_batch - len(self.running)
             self.running.extend(self.waiting[:room])
             del self.waiting[:room]
+            self._grow()
+            if not self.running:
+                continue
             try:
                 await self._step()
             except Exception:  # contained: the batch fails, the loop lives on
@@ -130,6 +145,15 @@ class Batcher(ComputeLoop):
                     seq.send.send_nowait(Sampled(-1, "error"))
                     self._finish(seq)
                 self.running.clear()
+
+    def _grow(self) -> None:
+        """Between steps: pages for every running sequence's next token, newest preempted
+        first when the pool is short; a preempted sequence's stream ends "preempted"."""
+        for seq in grow(self.engine.pool, self.running, self.waiting):
+            (self.running if seq in self.running else self.waiting).remove(seq)
+            self.preemptions += 1
+            seq.send.send_nowait(Sampled(-1, "preempted"))
+            self._finish(seq)
 
     async def _step(self) -> None:
         running = list(self.running)
@@ -158,12 +182,13 @@ class Batcher(ComputeLoop):
     def _decode(self, batch: list[DecodeSeq], seqs: list[Sequence]) -> list[int]:
         """On the compute thread: the forward pass, the batch's sampling, one copy back.
 
-        Token k of a sequence is drawn with step k (the prefill drew step 0), so its
-        stream is the one a colocated run would sample.
+        Token k of a sequence is drawn with step start_step + k (the prefill drew
+        start_step, 0 unless this is a preempted request's re-run), so its stream is the
+        one a colocated, unpreempted run would sample.
         """
         sampling = BatchSampling.build(
-            [s.params for s in seqs], [s.seed for s in seqs], [s.generated for s in seqs],
-            self.engine.device,
+            [s.params for s in seqs], [s.seed for s in seqs],
+            [s.params.start_step + s.generated for s in seqs], self.engine.device,
         )
         logits = self.engine.decode_step(batch)
         return sample_batch(logits, sampling).tolist()

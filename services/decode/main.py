@@ -8,6 +8,7 @@ import logging
 from libs.member import sizing
 from libs.member.serve import add_member_arguments, serve_member
 from pdmesh.v1 import decode_pb2
+from services.decode import growth
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +20,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"sequences per decode step (default {sizing.CPU_MAX_BATCH} on the CPU, "
         f"{sizing.CUDA_MAX_BATCH} on CUDA)",
     )
+    parser.add_argument(
+        "--kv-reserve", default="grow", choices=growth.RESERVE_MODES,
+        help="grow (default): admit a request with its prompt's pages plus "
+        "--kv-growth-tokens, add pages as it generates, and preempt the newest sequence "
+        "(the router re-runs it) when the pool runs dry; upfront: reserve prompt + "
+        "max_tokens at admission and refuse when the pool is short",
+    )
+    parser.add_argument(
+        "--kv-growth-tokens", type=int, default=growth.DEFAULT_GROWTH_TOKENS, metavar="N",
+        help="with --kv-reserve grow, tokens of KV reserved past the prompt at admission "
+        f"(default {growth.DEFAULT_GROWTH_TOKENS}: one page)",
+    )
 
 
 async def serve(args: argparse.Namespace) -> None:
@@ -26,6 +39,8 @@ async def serve(args: argparse.Namespace) -> None:
 
     max_batch = args.max_batch or sizing.default_max_batch(args.device)
     log.info("max batch %d sequences a step", max_batch)
-    config = DecodeConfig(max_rooms=args.max_rooms, max_batch=max_batch)
+    reservation = growth.Reservation(args.kv_reserve, args.kv_growth_tokens)
+    config = DecodeConfig(max_rooms=args.max_rooms, max_batch=max_batch,
+                          reservation=reservation)
     await serve_member(args, DecodeService, config,
                        decode_pb2.DESCRIPTOR.services_by_name["Decode"])

@@ -1,10 +1,12 @@
 """The Decode gRPC service: reserve pages, receive the prompt's KV over NIXL, generate.
 
-Per request: validate, create the room, reserve pages for prompt plus
-max_tokens, answer first with a TransferInfo naming the destination pages,
-then wait for the prefill's KvReady notification (every page landed). The
-room becomes Success only then; the sequence joins the continuous batch and
-its tokens stream back.
+Per request: validate, create the room, reserve pages for the prompt plus a
+growth margin (services/decode/growth.py: further pages come as the sequence
+grows, and a sequence the pool cannot grow is preempted, newest first), answer
+first with a TransferInfo naming the destination pages, then wait for the
+prefill's KvReady notification (every page landed). The room becomes Success
+only then; the sequence joins the continuous batch and its tokens stream back,
+ending with a Finish, or with a Preempted the router answers with a re-run.
 
 Pages that a write may still touch are never reused on a timeout alone
 (invariant 5): if the request ends before KvReady, its pages go to
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import grpc
@@ -45,6 +47,7 @@ from pdmesh.v1 import decode_pb2 as dpb
 from pdmesh.v1 import decode_pb2_grpc as dgrpc
 from pdmesh.v1 import prefill_pb2_grpc as pgrpc
 from services.decode.batcher import Batcher, Sequence
+from services.decode.growth import Reservation
 from services.decode.stream import TokenStream
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,7 @@ class Slot(Request):
 @dataclass(kw_only=True)
 class DecodeConfig(MemberConfig):
     max_batch: int = 64
+    reservation: Reservation = field(default_factory=Reservation)
     notif_poll_min: float = 0.0005
     notif_poll_max: float = 0.008
 
@@ -123,10 +127,17 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 self.member.why_not_peer(request.prefill, "prefill"),
             )
+        if pool.pages_for(total) > pool.num_pages:  # could never finish, even alone
+            raise RpcError(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"KV pool exhausted: prompt + max_tokens need {pool.pages_for(total)} pages, "
+                f"the pool has {pool.num_pages}",
+            )
+        reserve = self.config.reservation.admit_tokens(request.prompt_tokens, params.max_tokens)
         # The KV must land with time left to generate: the wait for it ends a little
         # before the call's own deadline, and fails typed, on our terms.
         room, pages = admit_room(
-            self.table, pool, self.ended, key, pool.pages_for(total), TIMEOUTS.kv_wait(budget)
+            self.table, pool, self.ended, key, pool.pages_for(reserve), TIMEOUTS.kv_wait(budget)
         )
         slot = Slot(
             key=key,
@@ -149,7 +160,7 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
     async def _generate(self, request, context, server_span) -> None:
         budget = self.arrived(context)
         called = time.perf_counter()
-        with span("admission") as admission:  # KV pages for the whole request, or refused
+        with span("admission") as admission:  # the prompt's pages and a margin, or refused
             slot, params = self._admit(request, budget)
             admission.set_attribute("pdmesh.kv.pages", len(slot.pages))
         deadline = time.monotonic() + budget
@@ -197,8 +208,12 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
         )
         with anyio.fail_after(max(0.0, deadline - time.monotonic())), \
                 span("generate") as generate_span:
-            completion_tokens = await self._stream(seq, context, called)
+            completion_tokens, preempted = await self._stream(seq, context, called)
             generate_span.set_attribute("pdmesh.completion_tokens", completion_tokens)
+            if preempted:
+                generate_span.add_event("preempted", {"pdmesh.completion_tokens":
+                                                      completion_tokens})
+                generate_span.set_attribute("pdmesh.preempted", True)
 
     async def _unstage(self, slot: Slot) -> None:
         """nvfp4: dequantize the landed slots into the room's KV pages, off the loop.
@@ -213,9 +228,10 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
                                                    "pdmesh.kv.format": wire.name}):
                 await anyio.to_thread.run_sync(wire.unpack, pages)
 
-    async def _stream(self, seq: Sequence, context, called: float) -> int:
+    async def _stream(self, seq: Sequence, context, called: float) -> tuple[int, bool]:
         """Send the sequence's tokens, several to a message when the writes fall behind,
-        then its Finish; returns the completion tokens."""
+        then its Finish (or its Preempted); returns the completion tokens and whether it
+        was preempted."""
         tokens = TokenStream(seq, self.member.loaded.tokenizer, self.batcher.cancel)
         last = None
         async with seq.receive:
@@ -236,11 +252,15 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
                     last = now
                 if chunk.finish_reason == "error":
                     raise RpcError(grpc.StatusCode.INTERNAL, "decode step failed")
+                if chunk.finish_reason == "preempted":
+                    preempted = dpb.Preempted(completion_tokens=tokens.completion_tokens)
+                    await context.write(dpb.DecodeEvent(preempted=preempted))
+                    return tokens.completion_tokens, True
                 if chunk.finish_reason is not None:
                     finish = dpb.Finish(finish_reason=chunk.finish_reason,
                                         completion_tokens=tokens.completion_tokens)
                     await context.write(dpb.DecodeEvent(finish=finish))
-                    return tokens.completion_tokens
+                    return tokens.completion_tokens, False
 
     async def _release(self, slot: Slot) -> str:
         """Take the sequence out of the batch, then free the pages, or quarantine them
@@ -267,6 +287,11 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
         if slot.key in self.table:
             self.table.remove(slot.key)
         self.ended.add(slot.key)
+
+    def snapshot(self) -> cpb.MemberStats:
+        stats = super().snapshot()
+        stats.preemptions_total = self.batcher.preemptions
+        return stats
 
     # ---- KV arrival --------------------------------------------------------------
 

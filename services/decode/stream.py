@@ -10,6 +10,10 @@ in one, so the message rate never has to match the token rate.
 A stop string ends the sequence here: the reader takes it out of the batch (its pages are
 released the usual way, once the batcher lets go of it) and drops the tokens sampled
 after the one that completed the stop string.
+
+A preempted sequence's last chunk flushes the text held back (a partial character, a
+possible stop-string prefix): the router re-runs the rest as a new request, whose reader
+starts afresh, so a stop string that would span the pause is not matched.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from services.decode.batcher import Sampled, Sequence
 class Chunk:
     token_ids: list[int]
     text: str
-    finish_reason: str | None = None  # "stop" | "length" | "error" on the last chunk
+    finish_reason: str | None = None  # "stop" | "length" | "error" | "preempted" on the last
 
 
 class TokenStream:
@@ -61,6 +65,9 @@ class TokenStream:
         for item in items:
             if item.finish_reason == "error":
                 return chunk("error")
+            if item.finish_reason == "preempted":  # every token so far goes out with it
+                text.append(self.detok.finish())
+                return chunk("preempted")
             ids.append(item.token)
             self.completion_tokens += 1
             if item.finish_reason == "stop":  # EOS or a stop token: no text of its own

@@ -185,7 +185,7 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
             if self._failures_to_inject > 0:
                 self._failures_to_inject -= 1
                 raise RpcError(grpc.StatusCode.UNAVAILABLE, "injected fault: fail_prefills")
-        first = sample(logits, sampling, 0)
+        first = sample(logits, sampling, sampling.start_step)
         ready = cpb.KvReady(
             key=info.key,
             prefill=self.ref(),

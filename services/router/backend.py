@@ -139,6 +139,8 @@ class MeshBackend:
                 raise
             finally:
                 root.set_attribute("pdmesh.request.id", progress.room)
+                if progress.preemptions:
+                    root.set_attribute("pdmesh.preemptions", progress.preemptions)
 
     async def _run(self, prompt: list[int], sampling: cpb.SamplingParams, progress: Progress,
                    budget: float | None):

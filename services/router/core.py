@@ -4,7 +4,9 @@ The request flow (router-orchestrated push):
 1. mint (room, generation), pick a pair;
 2. open Decode.Generate: its first message is the TransferInfo (destination pages);
 3. open Prefill.Prefill with that TransferInfo and read it to its TransferResult;
-4. relay Decode's tokens until its Finish.
+4. relay Decode's tokens until its Finish, or, when the decode preempted the
+   request (its pool ran dry), re-run the rest on a pair with room
+   (services/router/resume.py); the client's stream only pauses.
 
 Whatever ends the request early (client gone, error, deadline), the finally
 block cancels both calls (RST_STREAM) and sends shielded, bounded,
@@ -36,6 +38,7 @@ from pdmesh.v1 import decode_pb2 as dpb
 from pdmesh.v1 import prefill_pb2 as ppb
 from services.router.admission import AdmissionQueue, QueueFull, QueueTimeout, Ticket
 from services.router.pairing import NoPair, Pair, Pairing
+from services.router.resume import DEFAULT_MAX_PREEMPTIONS, Preempted, continuation
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +92,7 @@ class Progress:
     stage: str = "queued"  # queued | prefill | transfer | decode
     room: str = ""  # hex of the current attempt's room id
     abort_reason: str | None = None
+    preemptions: int = 0  # times a decode preempted it (each followed by a re-run)
 
 
 def _task_cancelling() -> bool:
@@ -110,10 +114,13 @@ class RoomMinter:
 class MeshClient:
     def __init__(self, pairing: Pairing, default_budget: float = 300.0, retries: int = 1,
                  on_retry=lambda: None, queue: AdmissionQueue | None = None,
-                 on_queued=lambda seconds: None):
+                 on_queued=lambda seconds: None,
+                 max_preemptions: int = DEFAULT_MAX_PREEMPTIONS, on_rerun=lambda: None):
         self.pairing = pairing
         self.on_retry = on_retry
         self.on_queued = on_queued  # each request's time in the queue (0 when none)
+        self.max_preemptions = max_preemptions
+        self.on_rerun = on_rerun
         self.minter = RoomMinter()
         self.default_budget = default_budget
         self.retries = retries
@@ -126,7 +133,59 @@ class MeshClient:
     ) -> AsyncIterator[Tokens | Finished]:
         """Run one request; yields Tokens then one Finished, or raises MeshError.
 
-        Admission waits (services/router/admission.py): a request that arrives behind
+        A decode that preempts the request ends its attempt with `Preempted` after the
+        last token it sampled; the request then goes on as its continuation (prompt +
+        the tokens streamed, the rest of max_tokens, the sampling step where it paused),
+        so the caller sees one stream and one Finished counting every token. Each run
+        is admitted like a new request (`_serve`).
+        """
+        budget = min(budget, self.default_budget) if budget else self.default_budget
+        deadline = time.monotonic() + budget
+        progress = progress or Progress()
+        streamed: list[int] = []
+        while True:
+            rest_prompt, rest_sampling = continuation(prompt, sampling, streamed)
+            ran: list[int] = []  # this run's tokens
+            preempted: Preempted | None = None
+            async with aclosing(self._serve(rest_prompt, rest_sampling, deadline,
+                                            progress)) as events:
+                async for event in events:
+                    if isinstance(event, Preempted):  # the run's last event
+                        preempted = event
+                        continue
+                    if isinstance(event, Tokens):
+                        ran.extend(event.token_ids)
+                    elif isinstance(event, Finished):
+                        event = Finished(event.finish_reason,
+                                         len(streamed) + event.completion_tokens)
+                    yield event
+            if preempted is None:
+                return
+            if preempted.completion_tokens != len(ran):
+                raise MeshError(f"the decode preempted the request after "
+                                f"{preempted.completion_tokens} tokens but sent {len(ran)}",
+                                grpc.StatusCode.INTERNAL)
+            streamed += ran
+            progress.preemptions += 1
+            trace.get_current_span().add_event("preempted", {
+                "pdmesh.preemptions": progress.preemptions,
+                "pdmesh.completion_tokens": len(streamed)})
+            if progress.preemptions > self.max_preemptions:
+                raise MeshError(
+                    f"preempted {progress.preemptions} times (--max-preemptions "
+                    f"{self.max_preemptions}): the decodes' KV pools cannot hold it beside "
+                    f"the other requests", grpc.StatusCode.ABORTED)
+            self.on_rerun()
+            log.info("request %s preempted after %d tokens; re-running the rest",
+                     progress.room, len(streamed))
+
+    async def _serve(
+        self, prompt: list[int], sampling: cpb.SamplingParams, deadline: float,
+        progress: Progress,
+    ) -> AsyncIterator[Tokens | Finished | Preempted]:
+        """One run of a request, or of a preempted request's continuation.
+
+        Admission waits (services/router/admission.py): a run that arrives behind
         others joins the queue behind them, and one whose attempt was refused for
         capacity (RESOURCE_EXHAUSTED before any token) waits at its place in the queue
         and tries again; only a full queue (RESOURCE_EXHAUSTED, retry_after set) or a
@@ -140,9 +199,6 @@ class MeshClient:
         failed attempt's legs were aborted and acknowledged: `_attempt` awaits its
         Aborts before it raises.
         """
-        budget = min(budget, self.default_budget) if budget else self.default_budget
-        deadline = time.monotonic() + budget
-        progress = progress or Progress()
         avoid: frozenset[str] = frozenset()
         ticket: Ticket | None = None
         reserved_at: float | None = None
@@ -249,7 +305,7 @@ class MeshClient:
     async def _attempt(
         self, prompt: list[int], sampling: cpb.SamplingParams, deadline: float,
         avoid: frozenset[str], progress: Progress, reserved: Callable[[], None],
-    ) -> AsyncIterator[Tokens | Finished]:
+    ) -> AsyncIterator[Tokens | Finished | Preempted]:
         key = self.minter.mint()
         progress.room, progress.stage = key.room.hex(), "queued"
         try:
@@ -339,7 +395,8 @@ class _Legs:
             self.decode_span.end()
             self.decode_span = None
 
-    async def run(self, prompt, sampling, deadline) -> AsyncIterator[Tokens | Finished]:
+    async def run(self, prompt, sampling, deadline
+                  ) -> AsyncIterator[Tokens | Finished | Preempted]:
         pair, key, progress = self.pair, self.key, self.progress
         # The decode call lives as long as the request: its span is ended by the owner
         # (end_decode_span), the prefill call's span is a sibling under the request.
@@ -417,6 +474,14 @@ class _Legs:
             elif event.HasField("finish"):
                 self.finished = True
                 yield Finished(event.finish.finish_reason, event.finish.completion_tokens)
+                return
+            elif event.HasField("preempted"):
+                # The decode released the sequence (its KV had landed: no write can touch
+                # the pages) and the prefill is done: nothing is left to abort.
+                self.finished = True
+                self.decode_span.add_event("preempted", {
+                    "pdmesh.completion_tokens": event.preempted.completion_tokens})
+                yield Preempted(event.preempted.completion_tokens)
                 return
 
     async def abort(self, reason: str) -> None:

@@ -23,6 +23,7 @@ from services.router.grpc_api import GenerateService
 from services.router.metrics import RouterMetrics
 from services.router.openai_api import create_app
 from services.router.pairing import Pairing
+from services.router.resume import DEFAULT_MAX_PREEMPTIONS
 
 log = logging.getLogger("pdmesh.router")
 
@@ -60,6 +61,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest wait in the admission queue: then 503 / UNAVAILABLE (default 60; "
         "the request's own deadline ends it earlier, as 504 / DEADLINE_EXCEEDED)",
     )
+    parser.add_argument(
+        "--max-preemptions", type=int, default=DEFAULT_MAX_PREEMPTIONS, metavar="N",
+        help="re-runs of a request that decodes preempted (their KV pool ran dry) before it "
+        f"fails ABORTED (default {DEFAULT_MAX_PREEMPTIONS})",
+    )
+
 
 
 def queue_bound(text: str) -> int:
@@ -103,6 +110,7 @@ async def serve(args: argparse.Namespace) -> None:
     mesh = MeshClient(
         pairing, default_budget=args.request_timeout, retries=args.retries,
         on_retry=metrics.retry, queue=queue, on_queued=metrics.queue_time.observe,
+        max_preemptions=args.max_preemptions, on_rerun=metrics.rerun,
     )
     backend = MeshBackend(model_id, config, tokenizer, mesh, metrics)
     grpc_api = GenerateService(backend, name)

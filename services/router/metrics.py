@@ -34,6 +34,12 @@ class RouterMetrics:
             names,
             registry=self.registry,
         ).labels(**labels)
+        self.reruns = Counter(
+            "pdmesh_preempted_reruns",
+            "Preempted requests continued on a pair with room",
+            names,
+            registry=self.registry,
+        ).labels(**labels)
         self.ttft = Histogram(
             "pdmesh_time_to_first_token_seconds",
             "Time to first token",
@@ -67,6 +73,9 @@ class RouterMetrics:
 
     def retry(self) -> None:
         self.retries.inc()
+
+    def rerun(self) -> None:
+        self.reruns.inc()
 
     def abort(self, reason: str) -> None:
         self.aborts.labels(**self._labels, reason=reason).inc()

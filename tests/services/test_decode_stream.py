@@ -33,6 +33,9 @@ class FakeEngine:
     device = "cpu"
 
     def __init__(self, eos_at: int | None = None, boost: float = 20.0):
+        # Pages the batch grows sequences into (the fake steps never read them); large
+        # enough that no test here preempts (tests/services/test_decode_growth.py does).
+        self.pool = KvPool(ModelConfig.tiny(), 256, 16)
         self.eos_at = eos_at
         self.boost = boost
         self.batch_sizes: list[int] = []
