@@ -127,11 +127,11 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 self.member.why_not_peer(request.prefill, "prefill"),
             )
-        if pool.pages_for(total) > pool.num_pages:  # could never finish, even alone
-            raise RpcError(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
+        if pool.pages_for(total) > pool.num_pages:  # could never finish, even alone:
+            raise RpcError(  # OUT_OF_RANGE, not RESOURCE_EXHAUSTED, which the router queues
+                grpc.StatusCode.OUT_OF_RANGE,
                 f"KV pool exhausted: prompt + max_tokens need {pool.pages_for(total)} pages, "
-                f"the pool has {pool.num_pages}",
+                f"more than the whole pool ({pool.num_pages})",
             )
         reserve = self.config.reservation.admit_tokens(request.prompt_tokens, params.max_tokens)
         # The KV must land with time left to generate: the wait for it ends a little

@@ -26,10 +26,13 @@ MAX_QUEUE = 3
 @pytest.fixture(scope="module")
 def one_at_a_time(tmp_path_factory):
     # The prefill holds each final write 0.5 s, so a request keeps the decode's pages
-    # for at least that long: the others must wait their turn.
+    # for at least that long: the others must wait their turn. Up-front reservation, so
+    # that the decode admits one request at a time rather than preempting (that is
+    # test_mesh_preemption's).
     receiver, server, env = serve_receiver()
     mesh = start_mesh(tmp_path_factory.mktemp("queue"), model="tiny", extra_env=env,
                       up_args=["--decode-kv-pages", "10", "--faults", "delay_kv_ready=0.5",
+                               "--decode-args", "--kv-reserve upfront",
                                "--router-args", f"--max-queue {MAX_QUEUE}"])
     yield mesh, receiver
     mesh.stop()
