@@ -10,15 +10,23 @@ Why a response of our own rather than StreamingResponse/JSONResponse:
   (prompt too long, mesh unavailable...) is still a proper 4xx/5xx error object.
 - The backend generator is opened in exactly one place, inside `aclosing`, so it is closed
   on every path: finished, failed, or cancelled by the disconnect watcher.
+- A request for n choices is n backend streams, each read by a task of its own
+  (`choice_events`) into one queue of (index, event) that the response writes in arrival
+  order; n = 1 takes the same path. Choice i samples with a seed derived from the
+  request's (`choice_seed`), so a seeded request's choices are reproducible and choice 0
+  is what the same request with n = 1 returns.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing, asynccontextmanager
 
 import anyio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
@@ -28,13 +36,19 @@ from services.router.openai_schema import (
     FinishEvent,
     RequestError,
     TokenEvent,
+    TokenLogprob,
 )
-from services.router.openai_wire import CompletionWire
+from services.router.openai_wire import ChoiceOutput, CompletionWire
 from services.router.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
 
 logger = logging.getLogger(__name__)
 
 Event = TokenEvent | FinishEvent
+Events = MemoryObjectReceiveStream[tuple[int, Event | Exception]]
+
+
+class ResponseFailed(Exception):
+    """The client was sent an error: what the other choices would produce is not needed."""
 
 
 class BackendEndedEarly(Exception):
@@ -85,6 +99,70 @@ def server_error(exc: BaseException) -> RequestError:
     return error
 
 
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed choice `index` samples with: the request's own for choice 0, a hash of
+    (seed, index) for the others; None (a fresh random seed per choice) when unseeded."""
+    if seed is None or index == 0:
+        return seed
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1  # 63 bits, as the router's own seeds
+
+
+@asynccontextmanager
+async def choice_events(backend: CompletionBackend, req: CompletionRequest):
+    """The events of the request's n choices as (index, event) in arrival order; a
+    choice's failure arrives as (index, exception) and ends nothing else by itself.
+
+    Leaving the block normally waits for every choice's stream to end on its own (its
+    FinishEvent is not its end: closing it there would count a served request as an
+    abort); leaving it by an exception (the client gone, a failure) closes them all.
+    """
+    # Unbuffered: a choice's reader holds at most the one event the writer has not taken,
+    # so a client that reads slowly holds its backend streams back (flow control).
+    # The readers are cancelled (their streams closed: Aborts) when the block raises, or
+    # when it is cancelled (the client went away).
+    send, receive = anyio.create_memory_object_stream[tuple[int, Event | Exception]](0)
+    failure: Exception | None = None
+    async with receive, anyio.create_task_group() as tg:
+        for index in range(req.n):
+            choice = dataclasses.replace(req, seed=choice_seed(req.seed, index))
+            tg.start_soon(_read_choice, backend, choice, index, send.clone())
+        send.close()
+        try:
+            yield receive
+        except Exception as exc:  # raised below, unwrapped (not as an ExceptionGroup)
+            failure = exc
+            tg.cancel_scope.cancel()
+        else:
+            async for index, extra in receive:
+                logger.warning("request %s: choice %d yielded %r after finishing",
+                               req.request_id, index, extra)
+    if failure is not None:
+        raise failure
+
+
+async def _read_choice(backend: CompletionBackend, req: CompletionRequest, index: int,
+                       send: MemoryObjectSendStream[tuple[int, Event | Exception]]) -> None:
+    async with send:
+        try:
+            async with aclosing(backend.stream(req)) as events:
+                async for event in events:
+                    await send.send((index, event))
+        except Exception as exc:  # the reader raises it, after what came before
+            await send.send((index, exc))
+
+
+async def next_event(events: Events) -> tuple[int, Event]:
+    """The next choice's event; a choice's failure is raised here."""
+    try:
+        index, event = await events.receive()
+    except anyio.EndOfStream:
+        raise BackendEndedEarly() from None
+    if isinstance(event, Exception):
+        raise event
+    return index, event
+
+
 class CompletionResponse(Response):
     """One completion, streamed as SSE or returned as one JSON object per `req.stream`."""
 
@@ -92,14 +170,18 @@ class CompletionResponse(Response):
         self.backend = backend
         self.req = req
         self.wire = CompletionWire.for_request(req)
+        self.echo_pending = set(range(req.n)) if req.echo else set()  # choices not yet echoed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def respond() -> None:
-            async with aclosing(self.backend.stream(self.req)) as events:
-                if self.req.stream:
-                    await self._stream(events, scope, receive, send)
-                else:
-                    await self._collect(events, scope, receive, send)
+            try:
+                async with choice_events(self.backend, self.req) as events:
+                    if self.req.stream:
+                        await self._stream(events, scope, receive, send)
+                    else:
+                        await self._collect(events, scope, receive, send)
+            except ResponseFailed:  # the client has its error: the other choices are closed
+                pass
 
         try:
             if await run_until_disconnect(receive, respond):
@@ -107,69 +189,71 @@ class CompletionResponse(Response):
         except OSError:  # a server announcing ASGI 2.4 raises it on send after a disconnect
             logger.info("client disconnected; request %s aborted", self.wire.id)
 
-    async def _collect(
-        self, events: AsyncIterator[Event], scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        parts: list[str] = []
+    async def _collect(self, events: Events, scope: Scope, receive: Receive, send: Send) -> None:
+        n = self.req.n
+        texts: list[list[str]] = [[] for _ in range(n)]
+        logprobs: list[list[TokenLogprob] | None] = [
+            [] if self.req.logprobs else None for _ in range(n)
+        ]
+        finishes: dict[int, FinishEvent] = {}
         try:
-            event = await anext(events)
-            while isinstance(event, TokenEvent):
-                parts.append(event.text)
-                event = await anext(events)
-        except StopAsyncIteration:
-            await self._send_error(server_error(BackendEndedEarly()), scope, receive, send)
-            return
+            while len(finishes) < n:
+                index, event = await next_event(events)
+                if isinstance(event, FinishEvent):
+                    finishes[index] = event
+                    continue
+                text, entries = self._echoed(index, event)
+                texts[index].append(text)
+                if entries is not None and logprobs[index] is not None:
+                    logprobs[index].extend(entries)
         except Exception as exc:
             await self._send_error(server_error(exc), scope, receive, send)
-            return
-        body = self.wire.full_response("".join(parts), event)
+            raise ResponseFailed() from exc
+        choices = [ChoiceOutput("".join(texts[i]), finishes[i], logprobs[i]) for i in range(n)]
+        body = self.wire.full_response(choices)
         await JSONResponse(body, headers={"x-request-id": self.wire.id})(scope, receive, send)
-        await self._run_to_end(events)
 
-    async def _stream(
-        self, events: AsyncIterator[Event], scope: Scope, receive: Receive, send: Send
-    ) -> None:
+    async def _stream(self, events: Events, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            event: Event = await anext(events)
-        except StopAsyncIteration:
-            await self._send_error(server_error(BackendEndedEarly()), scope, receive, send)
-            return
+            index, event = await next_event(events)
         except Exception as exc:
             await self._send_error(server_error(exc), scope, receive, send)
-            return
+            raise ResponseFailed() from exc
 
         await self._start_event_stream(send)
-        for chunk in self.wire.opening_chunks():
+        for chunk in self.wire.opening_chunks(self.req.n):
             await self._send_body(send, sse_event(chunk))
+        finishes: list[FinishEvent] = []
         try:
-            while isinstance(event, TokenEvent):
-                await self._send_body(send, sse_event(self.wire.token_chunk(event.text)))
-                event = await anext(events)
-        except StopAsyncIteration:
-            await self._send_stream_error(send, BackendEndedEarly())
-            return
+            while True:
+                if isinstance(event, FinishEvent):
+                    finishes.append(event)
+                    chunk = self.wire.finish_chunk(event.finish_reason, index)
+                    await self._send_body(send, sse_event(chunk))
+                    if len(finishes) == self.req.n:
+                        break
+                else:
+                    text, entries = self._echoed(index, event)
+                    chunk = self.wire.token_chunk(text, index, entries)
+                    await self._send_body(send, sse_event(chunk))
+                index, event = await next_event(events)
         except Exception as exc:
             await self._send_stream_error(send, exc)
-            return
-        await self._send_body(send, sse_event(self.wire.finish_chunk(event.finish_reason)))
+            raise ResponseFailed() from exc
         if self.req.include_usage:
-            await self._send_body(send, sse_event(self.wire.usage_chunk(event)))
+            await self._send_body(send, sse_event(self.wire.usage_chunk(finishes)))
         await self._send_body(send, SSE_DONE, more_body=False)
-        await self._run_to_end(events)
 
-    async def _run_to_end(self, events: AsyncIterator[Event]) -> None:
-        """Let the backend finish on its own after its FinishEvent.
-
-        Closing it at that last yield would look like a client disconnect (GeneratorExit)
-        to its cleanup code, and count a served request as an abort.
-        """
-        try:
-            extra = await anext(events, None)
-        except Exception as exc:
-            logger.warning("request %s: backend failed after finishing: %r", self.wire.id, exc)
-            return
-        if extra is not None:
-            logger.warning("request %s: backend yielded %r after finishing", self.wire.id, extra)
+    def _echoed(self, index: int, event: TokenEvent) -> tuple[str, list[TokenLogprob] | None]:
+        """An event's text and logprobs, the prompt's leading them on a choice's first
+        event when the request echoes it."""
+        if index not in self.echo_pending:
+            return event.text, event.logprobs
+        self.echo_pending.discard(index)
+        text = (self.req.prompt or "") + event.text
+        if event.logprobs is None:
+            return text, None
+        return text, [*(event.prompt_logprobs or []), *event.logprobs]
 
     async def _start_event_stream(self, send: Send) -> None:
         headers = {
