@@ -257,8 +257,9 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
                                sampling) -> list[cpb.TokenLogprob]:
         """The logprobs of the prompt tokens a chunk's rows predict (tokens start+1..),
         off the loop: a log-softmax over the vocabulary per prompt token."""
-        targets = tokens[start + 1 : start + len(logits) + 1]  # the last chunk's last row
-        top = [sampling.top_logprobs] * len(targets)  # predicts no prompt token
+        # The last chunk's last row predicts the first generated token, no prompt token.
+        targets = tokens[start + 1 : start + len(logits) + 1]
+        top = [sampling.top_logprobs] * len(targets)
         lps = await anyio.to_thread.run_sync(token_logprobs, logits[: len(targets)],
                                              targets, top)
         return [logprob_to_proto(lp) for lp in lps]
