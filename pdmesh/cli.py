@@ -169,7 +169,27 @@ def build_parser() -> argparse.ArgumentParser:
     from pdmesh import bench as bench_mod
 
     bench_mod.add_arguments(bench)
+    from pdmesh.client import API_KEY_ENV
+
+    for command in (up, gen, storm, bench):
+        command.add_argument(
+            "--api-key", default=None, metavar="KEY",
+            help=f"the router's API key (default ${API_KEY_ENV}); `up` hands it to its router",
+        )
     return parser
+
+
+def _take_api_key(args: argparse.Namespace) -> None:
+    """Move --api-key into the environment, where the router `up` starts, every
+    GenerateClient and the storms' client processes read it: never in a child's argv
+    (visible in `ps`) nor in a results file that records the arguments."""
+    from pdmesh.client import API_KEY_ENV
+
+    key = getattr(args, "api_key", None)
+    if key:
+        os.environ[API_KEY_ENV] = key
+    if hasattr(args, "api_key") and getattr(args, "service", None) is None:
+        del args.api_key
 
 
 def _extra_args(args: argparse.Namespace) -> dict[str, list[str]]:
@@ -203,6 +223,7 @@ def _check_model(spec: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _take_api_key(args)
     _die_with_parent()
     if getattr(args, "service", None) is not None:
         from libs.rpc.runtime import run_service

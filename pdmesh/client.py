@@ -5,13 +5,15 @@
             print(piece.text, end="")
 
 Streaming and cancellable: cancelling the task that iterates (or leaving the
-loop early) cancels the RPC, which aborts the request on every service.
+loop early) cancels the RPC, which aborts the request on every service. A router started
+with --api-key wants the same key here (`api_key`, default $PDMESH_API_KEY).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -19,13 +21,30 @@ from libs.rpc.calls import open_channel, unary
 from pdmesh.v1 import generate_pb2 as gpb
 from pdmesh.v1 import generate_pb2_grpc as ggrpc
 
+API_KEY_ENV = "PDMESH_API_KEY"  # the router's --api-key, and every client's, by default
+
+
+def api_key_metadata(api_key: str | None) -> tuple[tuple[str, str], ...] | None:
+    """The gRPC metadata that carries a router API key."""
+    return (("authorization", f"Bearer {api_key}"),) if api_key else None
+
+
+@dataclass
+class TokenLogprob:
+    """A generated token's log-probability and its most likely alternatives."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
 
 @dataclass
 class Piece:
-    """Some generated text and its token ids."""
+    """Some generated text and its token ids (and their logprobs, when asked)."""
 
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 @dataclass
@@ -36,9 +55,11 @@ class Done:
 
 
 class GenerateClient:
-    def __init__(self, address: str = "127.0.0.1:50051", timeout: float = 300.0):
+    def __init__(self, address: str = "127.0.0.1:50051", timeout: float = 300.0,
+                 api_key: str | None = None):
         self.address = address
         self.timeout = timeout
+        self.metadata = api_key_metadata(api_key or os.environ.get(API_KEY_ENV))
         self._channel: grpc.aio.Channel | None = None
 
     async def __aenter__(self) -> GenerateClient:
@@ -56,7 +77,8 @@ class GenerateClient:
         return ggrpc.GenerateStub(self._channel)
 
     async def models(self) -> list[str]:
-        reply = await unary(self._stub.ListModels, gpb.ListModelsRequest(), timeout=10.0)
+        reply = await unary(self._stub.ListModels, gpb.ListModelsRequest(), timeout=10.0,
+                            metadata=self.metadata)
         return list(reply.models)
 
     async def generate(
@@ -72,6 +94,9 @@ class GenerateClient:
         seed: int | None = None,
         stop: list[str] | None = None,
         ignore_eos: bool = False,
+        logprobs: bool = False,
+        top_logprobs: int = 0,
+        user: str = "",
     ) -> AsyncIterator[Piece | Done]:
         """Yields Pieces then one Done; a failure raises grpc.aio.AioRpcError."""
         if (prompt is None) == (messages is None):
@@ -84,6 +109,9 @@ class GenerateClient:
             top_k=top_k,
             stop=stop or [],
             ignore_eos=ignore_eos,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            user=user,
         )
         if seed is not None:
             request.seed = seed
@@ -92,12 +120,16 @@ class GenerateClient:
         else:
             turns = [gpb.ChatTurn(role=m["role"], content=m["content"]) for m in messages]
             request.chat.CopyFrom(gpb.ChatMessages(messages=turns))
-        call = self._stub.Generate(request, timeout=self.timeout)
+        call = self._stub.Generate(request, timeout=self.timeout, metadata=self.metadata)
         try:
             async for event in call:
                 kind = event.WhichOneof("event")
                 if kind == "text":
-                    yield Piece(event.text.text, list(event.text.token_ids))
+                    yield Piece(event.text.text, list(event.text.token_ids), [
+                        TokenLogprob(lp.token_id, lp.logprob,
+                                     list(zip(lp.top_ids, lp.top_logprobs, strict=True)))
+                        for lp in event.text.logprobs
+                    ])
                 elif kind == "finished":
                     f = event.finished
                     yield Done(f.finish_reason, f.prompt_tokens, f.completion_tokens)

@@ -56,6 +56,9 @@ class PrefillSeq:
     tokens: Sequence[int]  # this chunk's tokens, at positions start_pos..
     pages: Sequence[int]  # cover positions 0..start_pos + len(tokens) - 1
     start_pos: int = 0
+    # The logits of every token of the chunk, not just its last: what prompt logprobs
+    # (echo) need; asked per chunk so a pack without them computes one row a chunk.
+    all_logits: bool = False
 
 
 class Engine:
@@ -116,6 +119,8 @@ class Engine:
     ) -> torch.Tensor:
         """Prefill several sequences (or chunks) in one forward; logits [N, vocab] of each last.
 
+        A chunk with ``all_logits`` has a row for each of its tokens instead of one, in
+        order: the rows are then the chunks' rows one after the other (``logit_rows``).
         The chunks are packed into one row of tokens with a block-diagonal causal mask, so the
         weights stream through the cores once for the whole batch. Attention over the pack is
         quadratic in its total length: keep a pack to a few thousand tokens.
@@ -141,7 +146,20 @@ class Engine:
         attn, positions, last = self._prefill_indices(
             meta_t[:, 0], meta_t[:, 1], packed[t + 2 * n :].view(n, width), t, n_keys
         )
-        return self._prefill_forward(packed[:t], positions, attn, last, should_stop)
+        out_index = last
+        if any(s.all_logits for s in seqs):  # rare (echo): indices built on the host
+            rows, first = [], 0
+            for s in seqs:
+                end = first + len(s.tokens)
+                rows.extend(range(first, end) if s.all_logits else [end - 1])
+                first = end
+            out_index = torch.tensor(rows, device=self.device)
+        return self._prefill_forward(packed[:t], positions, attn, out_index, should_stop)
+
+    @staticmethod
+    def logit_rows(seqs: Sequence[PrefillSeq]) -> list[int]:
+        """How many rows of ``prefill_batch``'s logits each chunk has, in order."""
+        return [len(s.tokens) if s.all_logits else 1 for s in seqs]
 
     def _prefill_indices(
         self, lengths: torch.Tensor, starts: torch.Tensor, table: torch.Tensor,

@@ -42,6 +42,9 @@ class SamplingParams:
     # The step of the first token: a preempted request's re-run starts where its stream
     # paused, so its seeded draws are the ones an unpreempted run makes.
     start_step: int = 0
+    logprobs: bool = False  # report each sampled token's log-probability (logprobs.py)
+    top_logprobs: int = 0  # and this many most likely alternatives
+    prompt_logprobs: bool = False  # the prefill reports every prompt token's too (echo)
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -52,6 +55,8 @@ class SamplingParams:
             raise ValueError("top_k must be >= 0")
         if self.max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
+        if self.top_logprobs < 0:
+            raise ValueError("top_logprobs must be >= 0")
 
 
 def request_seed(params: SamplingParams) -> int:

@@ -93,11 +93,31 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (a byte-level BPE token may be part of a UTF-8
+        character, which its decoded text cannot show): what OpenAI's logprobs report."""
+        piece = self.hf.convert_ids_to_tokens(token_id)
+        if piece is not None and all(c in _BYTE_OF_CHAR for c in piece):
+            return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        return self.decode([token_id], skip_special_tokens=False).encode()
+
     def apply_chat_template(self, messages: list[dict]) -> list[int]:
         out = self.hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
             out = out["input_ids"]
         return list(out)
+
+
+def _byte_level_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level BPE alphabet: the character that stands for each byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+                 *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]
+    chars = {b: chr(b) for b in printable} | {b: chr(256 + i) for i, b in enumerate(others)}
+    return {c: b for b, c in chars.items()}
+
+
+_BYTE_OF_CHAR = _byte_level_alphabet()
 
 
 @functools.lru_cache(maxsize=8)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import grpc
 
+from libs.engine.logprobs import TokenLogprob
 from libs.engine.sampling import SamplingParams
 from libs.kvpoll import ROOM_ID_BYTES, RoomKey
+from libs.member.bounds import MAX_TOP_LOGPROBS
 from libs.rpc.handlers import RpcError, invalid
 from pdmesh.v1 import common_pb2 as cpb
 
@@ -27,6 +29,8 @@ def sampling_from_proto(params: cpb.SamplingParams) -> SamplingParams:
         raise invalid("sampling.top_p must be in (0, 1]")
     if params.max_tokens < 1:
         raise invalid("sampling.max_tokens must be >= 1")
+    if params.top_logprobs > MAX_TOP_LOGPROBS:
+        raise invalid(f"sampling.top_logprobs must be at most {MAX_TOP_LOGPROBS}")
     return SamplingParams(
         temperature=params.temperature,
         top_p=params.top_p,
@@ -37,6 +41,18 @@ def sampling_from_proto(params: cpb.SamplingParams) -> SamplingParams:
         stop_token_ids=list(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
         start_step=params.start_step,
+        logprobs=params.logprobs,
+        top_logprobs=params.top_logprobs,
+        prompt_logprobs=params.prompt_logprobs,
+    )
+
+
+def logprob_to_proto(logprob: TokenLogprob) -> cpb.TokenLogprob:
+    return cpb.TokenLogprob(
+        token_id=logprob.token,
+        logprob=logprob.logprob,
+        top_ids=[token for token, _ in logprob.top],
+        top_logprobs=[value for _, value in logprob.top],
     )
 
 

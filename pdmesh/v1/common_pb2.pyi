@@ -61,7 +61,7 @@ class PeerRef(_message.Message):
     def __init__(self, name: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class SamplingParams(_message.Message):
-    __slots__ = ("temperature", "top_p", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "top_k", "start_step")
+    __slots__ = ("temperature", "top_p", "seed", "max_tokens", "stop", "stop_token_ids", "ignore_eos", "top_k", "start_step", "logprobs", "top_logprobs", "prompt_logprobs")
     TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,9 @@ class SamplingParams(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _ClassVar[int]
     TOP_K_FIELD_NUMBER: _ClassVar[int]
     START_STEP_FIELD_NUMBER: _ClassVar[int]
+    LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     temperature: float
     top_p: float
     seed: int
@@ -80,7 +83,22 @@ class SamplingParams(_message.Message):
     ignore_eos: bool
     top_k: int
     start_step: int
-    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., top_k: _Optional[int] = ..., start_step: _Optional[int] = ...) -> None: ...
+    logprobs: bool
+    top_logprobs: int
+    prompt_logprobs: bool
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., max_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., ignore_eos: _Optional[bool] = ..., top_k: _Optional[int] = ..., start_step: _Optional[int] = ..., logprobs: _Optional[bool] = ..., top_logprobs: _Optional[int] = ..., prompt_logprobs: _Optional[bool] = ...) -> None: ...
+
+class TokenLogprob(_message.Message):
+    __slots__ = ("token_id", "logprob", "top_ids", "top_logprobs")
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    TOP_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOP_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    token_id: int
+    logprob: float
+    top_ids: _containers.RepeatedScalarFieldContainer[int]
+    top_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., top_ids: _Optional[_Iterable[int]] = ..., top_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class KvLayout(_message.Message):
     __slots__ = ("model", "dtype", "page_size", "num_layers", "num_kv_heads", "head_dim", "page_bytes", "transfer_format", "wire_page_bytes")
@@ -131,7 +149,7 @@ class TransferInfo(_message.Message):
     def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ..., dst_pages: _Optional[_Iterable[int]] = ..., grant: _Optional[bytes] = ..., grant_expires_unix_ms: _Optional[int] = ...) -> None: ...
 
 class TransferResult(_message.Message):
-    __slots__ = ("key", "status", "error", "first_token", "pages_written", "bytes_written", "transfer_seconds", "prefill", "decode")
+    __slots__ = ("key", "status", "error", "first_token", "pages_written", "bytes_written", "transfer_seconds", "prefill", "decode", "first_logprob", "prompt_logprobs")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +159,8 @@ class TransferResult(_message.Message):
     TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     key: RoomKey
     status: TransferStatus
     error: str
@@ -150,7 +170,9 @@ class TransferResult(_message.Message):
     transfer_seconds: float
     prefill: PeerRef
     decode: PeerRef
-    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., status: _Optional[_Union[TransferStatus, str]] = ..., error: _Optional[str] = ..., first_token: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., transfer_seconds: _Optional[float] = ..., prefill: _Optional[_Union[PeerRef, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ...) -> None: ...
+    first_logprob: TokenLogprob
+    prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
+    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., status: _Optional[_Union[TransferStatus, str]] = ..., error: _Optional[str] = ..., first_token: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., transfer_seconds: _Optional[float] = ..., prefill: _Optional[_Union[PeerRef, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ..., first_logprob: _Optional[_Union[TokenLogprob, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
 
 class KvReady(_message.Message):
     __slots__ = ("key", "prefill", "num_pages", "prompt_tokens", "first_token")

@@ -22,33 +22,34 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from pdmesh.v1 import common_pb2 as pdmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdmesh/v1/generate.proto\x12\tpdmesh.v1\")\n\x08\x43hatTurn\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\xe9\x01\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\'\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x17.pdmesh.v1.ChatMessagesH\x00\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x13\n\x0btemperature\x18\x05 \x01(\x02\x12\r\n\x05top_p\x18\x06 \x01(\x02\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\r\n\x05top_k\x18\n \x01(\rB\x07\n\x05inputB\x07\n\x05_seed\"5\n\x0c\x43hatMessages\x12%\n\x08messages\x18\x01 \x03(\x0b\x32\x13.pdmesh.v1.ChatTurn\"<\n\x0fGenerateStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\"0\n\rGeneratedText\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\"[\n\x10GenerateFinished\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\"\xa2\x01\n\rGenerateEvent\x12-\n\x07started\x18\x01 \x01(\x0b\x32\x1a.pdmesh.v1.GenerateStartedH\x00\x12(\n\x04text\x18\x02 \x01(\x0b\x32\x18.pdmesh.v1.GeneratedTextH\x00\x12/\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x1b.pdmesh.v1.GenerateFinishedH\x00\x42\x07\n\x05\x65vent\"\x13\n\x11ListModelsRequest\"!\n\x0fListModelsReply\x12\x0e\n\x06models\x18\x01 \x03(\t2\x96\x01\n\x08Generate\x12\x42\n\x08Generate\x12\x1a.pdmesh.v1.GenerateRequest\x1a\x18.pdmesh.v1.GenerateEvent0\x01\x12\x46\n\nListModels\x12\x1c.pdmesh.v1.ListModelsRequest\x1a\x1a.pdmesh.v1.ListModelsReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdmesh/v1/generate.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\")\n\x08\x43hatTurn\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x9f\x02\n\x0fGenerateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x06prompt\x18\x02 \x01(\tH\x00\x12\'\n\x04\x63hat\x18\x03 \x01(\x0b\x32\x17.pdmesh.v1.ChatMessagesH\x00\x12\x12\n\nmax_tokens\x18\x04 \x01(\r\x12\x13\n\x0btemperature\x18\x05 \x01(\x02\x12\r\n\x05top_p\x18\x06 \x01(\x02\x12\x11\n\x04seed\x18\x07 \x01(\x04H\x01\x88\x01\x01\x12\x0c\n\x04stop\x18\x08 \x03(\t\x12\x12\n\nignore_eos\x18\t \x01(\x08\x12\r\n\x05top_k\x18\n \x01(\r\x12\x10\n\x08logprobs\x18\x0b \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x0c \x01(\r\x12\x0c\n\x04user\x18\r \x01(\tB\x07\n\x05inputB\x07\n\x05_seed\"5\n\x0c\x43hatMessages\x12%\n\x08messages\x18\x01 \x03(\x0b\x32\x13.pdmesh.v1.ChatTurn\"<\n\x0fGenerateStarted\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\"[\n\rGeneratedText\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.pdmesh.v1.TokenLogprob\"[\n\x10GenerateFinished\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\r\"\xa2\x01\n\rGenerateEvent\x12-\n\x07started\x18\x01 \x01(\x0b\x32\x1a.pdmesh.v1.GenerateStartedH\x00\x12(\n\x04text\x18\x02 \x01(\x0b\x32\x18.pdmesh.v1.GeneratedTextH\x00\x12/\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x1b.pdmesh.v1.GenerateFinishedH\x00\x42\x07\n\x05\x65vent\"\x13\n\x11ListModelsRequest\"!\n\x0fListModelsReply\x12\x0e\n\x06models\x18\x01 \x03(\t2\x96\x01\n\x08Generate\x12\x42\n\x08Generate\x12\x1a.pdmesh.v1.GenerateRequest\x1a\x18.pdmesh.v1.GenerateEvent0\x01\x12\x46\n\nListModels\x12\x1c.pdmesh.v1.ListModelsRequest\x1a\x1a.pdmesh.v1.ListModelsReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdmesh.v1.generate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CHATTURN']._serialized_start=39
-  _globals['_CHATTURN']._serialized_end=80
-  _globals['_GENERATEREQUEST']._serialized_start=83
-  _globals['_GENERATEREQUEST']._serialized_end=316
-  _globals['_CHATMESSAGES']._serialized_start=318
-  _globals['_CHATMESSAGES']._serialized_end=371
-  _globals['_GENERATESTARTED']._serialized_start=373
-  _globals['_GENERATESTARTED']._serialized_end=433
-  _globals['_GENERATEDTEXT']._serialized_start=435
-  _globals['_GENERATEDTEXT']._serialized_end=483
-  _globals['_GENERATEFINISHED']._serialized_start=485
-  _globals['_GENERATEFINISHED']._serialized_end=576
-  _globals['_GENERATEEVENT']._serialized_start=579
-  _globals['_GENERATEEVENT']._serialized_end=741
-  _globals['_LISTMODELSREQUEST']._serialized_start=743
-  _globals['_LISTMODELSREQUEST']._serialized_end=762
-  _globals['_LISTMODELSREPLY']._serialized_start=764
-  _globals['_LISTMODELSREPLY']._serialized_end=797
-  _globals['_GENERATE']._serialized_start=800
-  _globals['_GENERATE']._serialized_end=950
+  _globals['_CHATTURN']._serialized_start=63
+  _globals['_CHATTURN']._serialized_end=104
+  _globals['_GENERATEREQUEST']._serialized_start=107
+  _globals['_GENERATEREQUEST']._serialized_end=394
+  _globals['_CHATMESSAGES']._serialized_start=396
+  _globals['_CHATMESSAGES']._serialized_end=449
+  _globals['_GENERATESTARTED']._serialized_start=451
+  _globals['_GENERATESTARTED']._serialized_end=511
+  _globals['_GENERATEDTEXT']._serialized_start=513
+  _globals['_GENERATEDTEXT']._serialized_end=604
+  _globals['_GENERATEFINISHED']._serialized_start=606
+  _globals['_GENERATEFINISHED']._serialized_end=697
+  _globals['_GENERATEEVENT']._serialized_start=700
+  _globals['_GENERATEEVENT']._serialized_end=862
+  _globals['_LISTMODELSREQUEST']._serialized_start=864
+  _globals['_LISTMODELSREQUEST']._serialized_end=883
+  _globals['_LISTMODELSREPLY']._serialized_start=885
+  _globals['_LISTMODELSREPLY']._serialized_end=918
+  _globals['_GENERATE']._serialized_start=921
+  _globals['_GENERATE']._serialized_end=1071
 # @@protoc_insertion_point(module_scope)

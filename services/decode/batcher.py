@@ -20,9 +20,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import anyio
+import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from libs.engine.engine import DecodeSeq, Engine
+from libs.engine.logprobs import TokenLogprob, token_logprobs
 from libs.engine.sampling import BatchSampling, SamplingParams, request_seed, sample_batch
 from libs.member.loop import ComputeLoop
 from libs.member.timeouts import TIMEOUTS
@@ -38,11 +40,13 @@ class Sampled:
     ``finish_reason`` is set on the sequence's last item: "stop" on an EOS or stop token
     (which has no text of its own), "length" on the last token max_tokens allows, "error"
     (with no token) when the step failed, "preempted" (with no token) when the batch took
-    its pages back for older sequences.
+    its pages back for older sequences. ``logprob`` is set when the request asked for
+    logprobs, except on the prefill's first token (the router has that one).
     """
 
     token: int
     finish_reason: str | None = None
+    logprob: TokenLogprob | None = None
 
 
 @dataclass(eq=False)
@@ -63,15 +67,15 @@ class Sequence:
     order: int = 0  # admission order, for newest-first preemption
     released: anyio.Event = field(default_factory=anyio.Event)
 
-    def accept(self, token: int) -> Sampled:
+    def accept(self, token: int, logprob: TokenLogprob | None = None) -> Sampled:
         """Record one sampled token; returns what its stream receives."""
         self.generated += 1
         self.last_token = token
         if token in self.end_ids:
-            return Sampled(token, "stop")
+            return Sampled(token, "stop", logprob)
         if self.generated >= self.params.max_tokens:
-            return Sampled(token, "length")
-        return Sampled(token)
+            return Sampled(token, "length", logprob)
+        return Sampled(token, None, logprob)
 
 
 class Batcher(ComputeLoop):
@@ -163,24 +167,27 @@ class Batcher(ComputeLoop):
         ]
         self._stepping = True
         try:
-            tokens = await anyio.to_thread.run_sync(self._decode, batch, running)
+            tokens, logprobs = await anyio.to_thread.run_sync(self._decode, batch, running)
         finally:
             self._stepping = False
         self.steps += 1
         self.progressed()
-        for seq, token in zip(running, tokens, strict=True):
+        for i, (seq, token) in enumerate(zip(running, tokens, strict=True)):
             if seq.cancelled:
                 self.running.remove(seq)
                 self._finish(seq)
                 continue
-            sampled = seq.accept(token)
+            sampled = seq.accept(token, logprobs.get(i))
             seq.send.send_nowait(sampled)
             if sampled.finish_reason is not None:
                 self.running.remove(seq)
                 self._finish(seq)
 
-    def _decode(self, batch: list[DecodeSeq], seqs: list[Sequence]) -> list[int]:
-        """On the compute thread: the forward pass, the batch's sampling, one copy back.
+    def _decode(
+        self, batch: list[DecodeSeq], seqs: list[Sequence]
+    ) -> tuple[list[int], dict[int, TokenLogprob]]:
+        """On the compute thread: the forward pass, the batch's sampling, one copy back;
+        and the logprobs of the rows that asked for them (one more copy, only then).
 
         Token k of a sequence is drawn with step start_step + k (the prefill drew
         start_step, 0 unless this is a preempted request's re-run), so its stream is the
@@ -191,7 +198,14 @@ class Batcher(ComputeLoop):
             [s.params.start_step + s.generated for s in seqs], self.engine.device,
         )
         logits = self.engine.decode_step(batch)
-        return sample_batch(logits, sampling).tolist()
+        tokens = sample_batch(logits, sampling)
+        rows = [i for i, s in enumerate(seqs) if s.params.logprobs]
+        if not rows:
+            return tokens.tolist(), {}
+        index = torch.tensor(rows, device=logits.device)
+        found = token_logprobs(logits[index], tokens[index],
+                               [seqs[i].params.top_logprobs for i in rows])
+        return tokens.tolist(), dict(zip(rows, found, strict=True))
 
     def _finish(self, seq: Sequence) -> None:
         seq.finished = True

@@ -37,7 +37,12 @@ from libs.member.kv_member import KvMember
 from libs.member.lifecycle import Request
 from libs.member.service import MemberConfig, MemberService
 from libs.member.timeouts import TIMEOUTS
-from libs.member.wire import key_from_proto, key_to_proto, sampling_from_proto
+from libs.member.wire import (
+    key_from_proto,
+    key_to_proto,
+    logprob_to_proto,
+    sampling_from_proto,
+)
 from libs.rpc.calls import close_channel, open_channel, unary
 from libs.rpc.handlers import RpcError, contained, invalid
 from libs.tracing import span
@@ -242,7 +247,10 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
                     raise RpcError(grpc.StatusCode.INTERNAL,
                                    "sequence ended without a finish") from None
                 if chunk.token_ids or chunk.text:
-                    message = dpb.TokenChunk(token_ids=chunk.token_ids, text=chunk.text)
+                    message = dpb.TokenChunk(
+                        token_ids=chunk.token_ids, text=chunk.text,
+                        logprobs=[logprob_to_proto(lp) for lp in chunk.logprobs],
+                    )
                     await context.write(dpb.DecodeEvent(tokens=message))
                     now = time.perf_counter()
                     if last is None:

@@ -19,10 +19,11 @@ starts afresh, so a stop string that would span the pause is not matched.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 
+from libs.engine.logprobs import TokenLogprob
 from libs.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 from services.decode.batcher import Sampled, Sequence
 
@@ -32,6 +33,7 @@ class Chunk:
     token_ids: list[int]
     text: str
     finish_reason: str | None = None  # "stop" | "length" | "error" | "preempted" on the last
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the ids that have one
 
 
 class TokenStream:
@@ -58,9 +60,10 @@ class TokenStream:
     def _chunk(self, items: list[Sampled]) -> Chunk:
         ids: list[int] = []
         text: list[str] = []
+        logprobs: list[TokenLogprob] = []
 
         def chunk(finish_reason: str | None = None) -> Chunk:
-            return Chunk(ids, "".join(text), finish_reason)
+            return Chunk(ids, "".join(text), finish_reason, logprobs)
 
         for item in items:
             if item.finish_reason == "error":
@@ -69,6 +72,8 @@ class TokenStream:
                 text.append(self.detok.finish())
                 return chunk("preempted")
             ids.append(item.token)
+            if item.logprob is not None:
+                logprobs.append(item.logprob)
             self.completion_tokens += 1
             if item.finish_reason == "stop":  # EOS or a stop token: no text of its own
                 text.append(self.detok.finish())

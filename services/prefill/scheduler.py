@@ -56,14 +56,15 @@ class PrefillScheduler(ComputeLoop):
 
     async def prefill(
         self, tokens: list[int], pages: list[int], start: int,
-        on_start: Callable[[], Awaitable[None]] | None = None,
+        on_start: Callable[[], Awaitable[None]] | None = None, all_logits: bool = False,
     ) -> torch.Tensor:
-        """The logits of the chunk's last token, once its KV is in `pages`.
+        """The logits of the chunk's last token, once its KV is in `pages` (with
+        `all_logits`, [len(tokens), vocab]: every token's, for prompt logprobs).
 
         `on_start` is awaited once a forward pass has taken the chunk, while it computes:
         until then the request is queued, which its trace should say.
         """
-        chunk = Chunk(PrefillSeq(tokens, pages, start))
+        chunk = Chunk(PrefillSeq(tokens, pages, start, all_logits))
         self.pending.append(chunk)
         self.wake()
         try:
@@ -96,8 +97,9 @@ class PrefillScheduler(ComputeLoop):
                     [c.seq for c in batch],
                     lambda batch=batch: all(c.cancelled for c in batch),
                 )
-                for chunk, row in zip(batch, logits, strict=True):
-                    chunk.logits = row
+                rows = logits.split(self.engine.logit_rows([c.seq for c in batch]))
+                for chunk, chunk_rows in zip(batch, rows, strict=True):
+                    chunk.logits = chunk_rows if chunk.seq.all_logits else chunk_rows[0]
             except ForwardCancelled as e:  # every caller of this pass has left
                 self.stopped_early += 1
                 for chunk in batch:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import anyio
 import grpc
 
+from libs.engine.logprobs import token_logprobs
 from libs.engine.sampling import sample
 from libs.kvpoll import FailureCause, RoomState
 from libs.member import grant
@@ -39,7 +40,12 @@ from libs.member.kv_member import KvMember, Peer
 from libs.member.lifecycle import Request
 from libs.member.service import MemberConfig, MemberService
 from libs.member.timeouts import TIMEOUTS
-from libs.member.wire import check_tokens, key_from_proto, sampling_from_proto
+from libs.member.wire import (
+    check_tokens,
+    key_from_proto,
+    logprob_to_proto,
+    sampling_from_proto,
+)
 from libs.rpc.handlers import RpcError, contained, invalid
 from libs.tracing import span
 from libs.transfer.errors import LayoutMismatch, TransferError
@@ -154,6 +160,7 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
         room.transition(RoomState.WAITING_FOR_INPUT, time.monotonic())
         sent = 0
         logits = None
+        prompt_logprobs: list[cpb.TokenLogprob] = []
         started = time.perf_counter()
         faults = member.faults
 
@@ -168,7 +175,11 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
             with span("prefill chunk", attributes={"pdmesh.chunk.start": start,
                                                    "pdmesh.chunk.tokens": len(chunk)}):
                 logits = await self.scheduler.prefill(
-                    chunk, job.pages, start, on_start=computing if start == 0 else None)
+                    chunk, job.pages, start, on_start=computing if start == 0 else None,
+                    all_logits=sampling.prompt_logprobs)
+            if sampling.prompt_logprobs:  # every row predicts the token after it
+                prompt_logprobs += await self._prompt_logprobs(logits, tokens, start, sampling)
+                logits = logits[-1]
             self.counters.prompt_tokens_computed_total += len(chunk)
             done = start + len(chunk)
             if done < n and faults.pause_between_chunks:  # W4's window: a write not yet posted
@@ -186,6 +197,10 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
                 self._failures_to_inject -= 1
                 raise RpcError(grpc.StatusCode.UNAVAILABLE, "injected fault: fail_prefills")
         first = sample(logits, sampling, sampling.start_step)
+        first_logprob = None
+        if sampling.logprobs:
+            [lp] = token_logprobs(logits[None], [first], [sampling.top_logprobs])
+            first_logprob = logprob_to_proto(lp)
         ready = cpb.KvReady(
             key=info.key,
             prefill=self.ref(),
@@ -224,6 +239,8 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
             transfer_seconds=elapsed,
             prefill=self.ref(),
             decode=info.decode,
+            first_logprob=first_logprob,
+            prompt_logprobs=prompt_logprobs,
         )
         self.metrics.transfer_seconds.observe(elapsed)
         self.metrics.transfer_bytes.observe(result.bytes_written)
@@ -234,6 +251,18 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
             await anyio.sleep(faults.delay_transfer_result)
         if not faults.drop_transfer_result:
             await context.write(ppb.PrefillEvent(result=result))
+
+    @staticmethod
+    async def _prompt_logprobs(logits, tokens: list[int], start: int,
+                               sampling) -> list[cpb.TokenLogprob]:
+        """The logprobs of the prompt tokens a chunk's rows predict (tokens start+1..),
+        off the loop: a log-softmax over the vocabulary per prompt token."""
+        # The last chunk's last row predicts the first generated token, no prompt token.
+        targets = tokens[start + 1 : start + len(logits) + 1]
+        top = [sampling.top_logprobs] * len(targets)
+        lps = await anyio.to_thread.run_sync(token_logprobs, logits[: len(targets)],
+                                             targets, top)
+        return [logprob_to_proto(lp) for lp in lps]
 
     async def _stage(self, job: Job, pages: range, last_page_tokens: int | None) -> None:
         """nvfp4: quantize these KV pages into their staging slots, off the event loop.

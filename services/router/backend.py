@@ -19,7 +19,8 @@ from libs.engine.config import ModelConfig
 from libs.engine.tokenizer import Tokenizer
 from libs.tracing import mark_aborted, span
 from pdmesh.v1 import common_pb2 as cpb
-from services.router.core import Finished, MeshClient, MeshError, Progress
+from services.router.core import Finished, MeshClient, MeshError, Progress, Tokens
+from services.router.logprobs import LogprobText
 from services.router.metrics import RouterMetrics
 from services.router.openai_schema import (
     CompletionRequest,
@@ -49,6 +50,7 @@ class MeshBackend:
         self.mesh = mesh
         self.metrics = metrics
         self.inflight = 0  # requests not yet finished, for Admin.Stats
+        self.logprobs = LogprobText(tokenizer)
 
     def model_ids(self) -> list[str]:
         return [self.model_id]
@@ -82,6 +84,9 @@ class MeshBackend:
             max_tokens=min(req.max_tokens, context - prompt_len),
             stop=req.stop,
             ignore_eos=req.ignore_eos,
+            logprobs=req.logprobs,
+            top_logprobs=req.top_logprobs,
+            prompt_logprobs=req.echo and req.logprobs,
         )
 
     async def stream(self, req: CompletionRequest) -> AsyncIterator[TokenEvent | FinishEvent]:
@@ -95,15 +100,28 @@ class MeshBackend:
         sampling = self.sampling(req, len(prompt))
         # aclosing: closing this generator must close the mesh request in the same task
         # (its Aborts), not leave it to the garbage collector (see MeshClient.generate).
-        async with aclosing(self.run(prompt, sampling, operation_of(req))) as events:
+        run = self.run(prompt, sampling, operation_of(req), user=req.user)
+        async with aclosing(run) as events:
             async for event in events:
                 if isinstance(event, Finished):
                     yield FinishEvent(event.finish_reason, len(prompt), event.completion_tokens)
                 else:
-                    yield TokenEvent(event.text, event.token_ids[-1] if event.token_ids else -1)
+                    yield self._token_event(event, req, prompt)
+
+    def _token_event(self, event: Tokens, req: CompletionRequest, prompt: list[int]) -> TokenEvent:
+        token_id = event.token_ids[-1] if event.token_ids else -1
+        if not req.logprobs:
+            return TokenEvent(event.text, token_id)
+        prompt_logprobs = None
+        if event.prompt_logprobs is not None:  # the prompt's first token has no logprob
+            first = self.logprobs.entry(prompt[0], None)
+            prompt_logprobs = [first, *map(self.logprobs.described, event.prompt_logprobs)]
+        logprobs = [self.logprobs.described(lp) for lp in event.logprobs]
+        return TokenEvent(event.text, token_id, logprobs, prompt_logprobs)
 
     async def run(self, prompt: list[int], sampling: cpb.SamplingParams,
-                  operation: str = "text_completion", budget: float | None = None):
+                  operation: str = "text_completion", budget: float | None = None,
+                  user: str | None = None):
         """The mesh request with metrics and its root span (GenAI semantic conventions);
         shared by the HTTP and gRPC front ends."""
         attributes = {
@@ -115,6 +133,8 @@ class MeshBackend:
             "gen_ai.request.top_k": sampling.top_k,
             "gen_ai.usage.input_tokens": len(prompt),
         }
+        if user:
+            attributes["user.id"] = user  # the client's end user (OpenAI's `user`)
         with span(f"{operation} {self.model_id}", kind=SpanKind.SERVER,
                   attributes=attributes) as root:
             progress = Progress()

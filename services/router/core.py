@@ -23,7 +23,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import grpc
@@ -62,6 +62,10 @@ class MeshError(Exception):
 class Tokens:
     token_ids: list[int]
     text: str
+    # With sampling.logprobs, one per token id; the prompt's (tokens 1..) ride on the
+    # first Tokens of a request that asked for sampling.prompt_logprobs.
+    logprobs: list[cpb.TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[cpb.TokenLogprob] | None = None
 
 
 @dataclass
@@ -465,12 +469,18 @@ class _Legs:
         if arrived is grpc.aio.EOF or not arrived.HasField("kv_arrived"):
             raise MeshError("decode did not confirm the KV's arrival", grpc.StatusCode.INTERNAL)
         progress.stage = "decode"
+        # The prefill sampled the first token: its logprob came in the TransferResult.
+        first_logprobs = [result.first_logprob] if result.HasField("first_logprob") else []
+        prompt_logprobs = list(result.prompt_logprobs) if sampling.prompt_logprobs else None
         while True:
             event = await self.decode_call.read()
             if event is grpc.aio.EOF:
                 raise MeshError("decode ended without a Finish", grpc.StatusCode.INTERNAL)
             if event.HasField("tokens"):
-                yield Tokens(list(event.tokens.token_ids), event.tokens.text)
+                logprobs = [*first_logprobs, *event.tokens.logprobs]
+                yield Tokens(list(event.tokens.token_ids), event.tokens.text, logprobs,
+                             prompt_logprobs)
+                first_logprobs, prompt_logprobs = [], None
             elif event.HasField("finish"):
                 self.finished = True
                 yield Finished(event.finish.finish_reason, event.finish.completion_tokens)

@@ -1,7 +1,9 @@
 """The router's public gRPC API: Generate (streaming) and ListModels.
 
 Generate relays the mesh's events through `relay`: a client that reads slower than the
-tokens come gets several tokens in one GeneratedText.
+tokens come gets several tokens in one GeneratedText (with their logprobs, when asked).
+With the router's --api-key both need `authorization: Bearer KEY` metadata; Admin stays
+open, as on every member.
 """
 
 from __future__ import annotations
@@ -18,9 +20,16 @@ from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import common_pb2_grpc as cgrpc
 from pdmesh.v1 import generate_pb2 as gpb
 from pdmesh.v1 import generate_pb2_grpc as ggrpc
+from services.router.auth import check_grpc
 from services.router.backend import MeshBackend, operation_of
 from services.router.core import Finished, MeshError, Tokens
-from services.router.openai_schema import ChatMessage, CompletionRequest, RequestError
+from services.router.openai_schema import (
+    DEFAULT_LIMITS,
+    ChatMessage,
+    CompletionRequest,
+    RequestError,
+    RequestLimits,
+)
 from services.router.relay import relay
 
 DEFAULT_MAX_TOKENS = 256
@@ -34,7 +43,9 @@ _HTTP_TO_GRPC = {
 }
 
 
-def to_completion_request(request: gpb.GenerateRequest) -> CompletionRequest:
+def to_completion_request(
+    request: gpb.GenerateRequest, limits: RequestLimits = DEFAULT_LIMITS
+) -> CompletionRequest:
     """Validate a GenerateRequest into the same request type the HTTP side uses."""
     which = request.WhichOneof("input")
     if which is None:
@@ -50,6 +61,10 @@ def to_completion_request(request: gpb.GenerateRequest) -> CompletionRequest:
         raise invalid("temperature must be in [0, 2]")
     if not 0.0 <= request.top_p <= 1.0:
         raise invalid("top_p must be in (0, 1]")
+    if request.top_logprobs > limits.max_top_logprobs:
+        raise invalid(f"top_logprobs must be at most {limits.max_top_logprobs}")
+    if request.top_logprobs and not request.logprobs:
+        raise invalid("top_logprobs needs logprobs")
     return CompletionRequest(
         kind="chat" if which == "chat" else "completion",
         model=request.model,
@@ -64,6 +79,9 @@ def to_completion_request(request: gpb.GenerateRequest) -> CompletionRequest:
         stream=True,
         include_usage=True,
         ignore_eos=request.ignore_eos,
+        logprobs=request.logprobs,
+        top_logprobs=request.top_logprobs,
+        user=request.user or None,
     )
 
 
@@ -77,7 +95,8 @@ async def _write(context, prompt_tokens: int, events: list[Tokens | Finished]) -
     tokens = [e for e in events if isinstance(e, Tokens)]
     if tokens:
         text = gpb.GeneratedText(token_ids=[t for e in tokens for t in e.token_ids],
-                                 text="".join(e.text for e in tokens))
+                                 text="".join(e.text for e in tokens),
+                                 logprobs=[lp for e in tokens for lp in e.logprobs])
         await context.write(gpb.GenerateEvent(text=text))
     for event in events:
         if isinstance(event, Finished):
@@ -90,13 +109,17 @@ async def _write(context, prompt_tokens: int, events: list[Tokens | Finished]) -
 
 
 class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
-    def __init__(self, backend: MeshBackend, name: str):
+    def __init__(self, backend: MeshBackend, name: str,
+                 limits: RequestLimits = DEFAULT_LIMITS, api_key: str | None = None):
         self.backend = backend
         self.name = name
+        self.limits = limits
+        self.api_key = api_key
 
     @contained
     async def Generate(self, request, context):
-        req = to_completion_request(request)
+        check_grpc(context, self.api_key)
+        req = to_completion_request(request, self.limits)
         try:
             if req.model not in self.backend.model_ids():
                 raise RequestError(404, f"model {req.model!r} does not exist")
@@ -115,7 +138,8 @@ class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
             # as `deadline` with a typed status instead of racing the caller's cancellation.
             remaining = context.time_remaining()
             budget = None if remaining is None else TIMEOUTS.leg_budget(remaining)
-            await relay(lambda: self.backend.run(prompt, sampling, operation_of(req), budget),
+            await relay(lambda: self.backend.run(prompt, sampling, operation_of(req), budget,
+                                                 user=req.user),
                         functools.partial(_write, context, len(prompt)))
         except RequestError as e:
             # The mesh's own code when it has one (OUT_OF_RANGE is a 400 on HTTP, say).
@@ -128,6 +152,7 @@ class GenerateService(ggrpc.GenerateServicer, cgrpc.AdminServicer):
 
     @contained
     async def ListModels(self, request, context):
+        check_grpc(context, self.api_key)
         return gpb.ListModelsReply(models=self.backend.model_ids())
 
     @contained

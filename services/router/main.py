@@ -10,9 +10,11 @@ from pathlib import Path
 import anyio
 
 from libs.engine.specs import load_tokenizer
+from libs.member.bounds import MAX_TOP_LOGPROBS
 from libs.rpc.http import asgi_server, serve_http
 from libs.rpc.membership import Membership
 from libs.rpc.server import start_server
+from pdmesh.client import API_KEY_ENV
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import generate_pb2
@@ -22,6 +24,7 @@ from services.router.core import MeshClient
 from services.router.grpc_api import GenerateService
 from services.router.metrics import RouterMetrics
 from services.router.openai_api import create_app
+from services.router.openai_schema import RequestLimits
 from services.router.pairing import Pairing
 from services.router.resume import DEFAULT_MAX_PREEMPTIONS
 
@@ -66,7 +69,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="re-runs of a request that decodes preempted (their KV pool ran dry) before it "
         f"fails ABORTED (default {DEFAULT_MAX_PREEMPTIONS})",
     )
-
+    parser.add_argument(
+        "--max-n", type=int, default=RequestLimits.max_n,
+        help=f"most choices (n) one request may ask for (default {RequestLimits.max_n})",
+    )
+    parser.add_argument(
+        "--max-top-logprobs", type=int, default=RequestLimits.max_top_logprobs,
+        help="most alternatives per token (top_logprobs; completions' logprobs) "
+        f"(default {RequestLimits.max_top_logprobs}, at most {MAX_TOP_LOGPROBS})",
+    )
+    parser.add_argument(
+        "--api-key", default=os.environ.get(API_KEY_ENV) or None,
+        help=f"the key clients must send (HTTP 'Authorization: Bearer KEY', gRPC "
+        f"'authorization' metadata); /health and /metrics stay open (default ${API_KEY_ENV}; "
+        "none: open)",
+    )
 
 
 def queue_bound(text: str) -> int:
@@ -91,6 +108,15 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def request_limits(args: argparse.Namespace) -> RequestLimits:
+    """The flags' bounds, checked: a bad one stops the router with one line."""
+    if args.max_n < 1:
+        raise SystemExit("pdmesh router: --max-n must be at least 1")
+    if not 0 <= args.max_top_logprobs <= MAX_TOP_LOGPROBS:
+        raise SystemExit(f"pdmesh router: --max-top-logprobs must be in 0..{MAX_TOP_LOGPROBS}")
+    return RequestLimits(max_n=args.max_n, max_top_logprobs=args.max_top_logprobs)
+
+
 def served_model_id(spec: str) -> str:
     """The id clients pass as `model`: the spec for built-ins, the file or folder name else."""
     path = Path(spec)
@@ -99,6 +125,7 @@ def served_model_id(spec: str) -> str:
 
 async def serve(args: argparse.Namespace) -> None:
     name = args.name or f"router-{os.getpid()}"
+    limits = request_limits(args)
     try:
         config, tokenizer = await anyio.to_thread.run_sync(load_tokenizer, args.model)
     except ValueError as e:  # a model it cannot serve: one line, not a traceback
@@ -113,7 +140,7 @@ async def serve(args: argparse.Namespace) -> None:
         max_preemptions=args.max_preemptions, on_rerun=metrics.rerun,
     )
     backend = MeshBackend(model_id, config, tokenizer, mesh, metrics)
-    grpc_api = GenerateService(backend, name)
+    grpc_api = GenerateService(backend, name, limits, args.api_key)
     running = await start_server(
         args.host,
         args.grpc_port,
@@ -122,7 +149,7 @@ async def serve(args: argparse.Namespace) -> None:
             (cpb.DESCRIPTOR.services_by_name["Admin"], grpc_api),
         ],
     )
-    http = asgi_server(create_app(backend), args.host, args.http_port)
+    http = asgi_server(create_app(backend, limits, args.api_key), args.host, args.http_port)
     membership = Membership(
         args.bootstrap,
         me=bpb.Member(

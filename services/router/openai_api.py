@@ -8,6 +8,7 @@ which owns the backend stream and the client-disconnect abort.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -16,15 +17,19 @@ from http import HTTPStatus
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from services.router.auth import ApiKeyMiddleware
 from services.router.openai_response import CompletionResponse
 from services.router.openai_schema import (
+    DEFAULT_LIMITS,
     CompletionBackend,
     CompletionRequest,
     RequestError,
+    RequestLimits,
     error_body,
     parse_chat_request,
     parse_completion_request,
@@ -37,9 +42,12 @@ PROMETHEUS_MEDIA_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MODELS_CREATED = int(time.time())  # OpenAI model objects carry a creation time; ours is boot
 
 
-def create_app(backend: CompletionBackend) -> Starlette:
-    """The ASGI app of the router's HTTP side, serving `backend`."""
-    api = OpenAIRoutes(backend)
+def create_app(
+    backend: CompletionBackend, limits: RequestLimits = DEFAULT_LIMITS, api_key: str | None = None
+) -> Starlette:
+    """The ASGI app of the router's HTTP side, serving `backend`; with `api_key`, every
+    route but /health and /metrics needs it (services/router/auth.py)."""
+    api = OpenAIRoutes(backend, limits)
     routes = [
         Route("/v1/models", api.list_models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", api.get_model, methods=["GET"]),
@@ -48,8 +56,10 @@ def create_app(backend: CompletionBackend) -> Starlette:
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.metrics, methods=["GET"]),
     ]
+    middleware = [Middleware(ApiKeyMiddleware, key=api_key)] if api_key else []
     return Starlette(
         routes=routes,
+        middleware=middleware,
         exception_handlers={
             RequestError: request_error_response,
             HTTPException: http_exception_response,
@@ -61,8 +71,9 @@ def create_app(backend: CompletionBackend) -> Starlette:
 class OpenAIRoutes:
     """Endpoint functions bound to one backend."""
 
-    def __init__(self, backend: CompletionBackend) -> None:
+    def __init__(self, backend: CompletionBackend, limits: RequestLimits = DEFAULT_LIMITS) -> None:
         self.backend = backend
+        self.limits = limits
 
     async def list_models(self, request: Request) -> Response:
         data = [self._model_object(model_id) for model_id in self.backend.model_ids()]
@@ -74,10 +85,14 @@ class OpenAIRoutes:
         return JSONResponse(self._model_object(model_id))
 
     async def chat_completions(self, request: Request) -> Response:
-        return await self._complete(request, parse_chat_request)
+        return await self._complete(
+            request, functools.partial(parse_chat_request, limits=self.limits)
+        )
 
     async def completions(self, request: Request) -> Response:
-        return await self._complete(request, parse_completion_request)
+        return await self._complete(
+            request, functools.partial(parse_completion_request, limits=self.limits)
+        )
 
     async def health(self, request: Request) -> Response:
         healthy, reason = self.backend.is_healthy()

@@ -10,38 +10,37 @@ Why a response of our own rather than StreamingResponse/JSONResponse:
   (prompt too long, mesh unavailable...) is still a proper 4xx/5xx error object.
 - The backend generator is opened in exactly one place, inside `aclosing`, so it is closed
   on every path: finished, failed, or cancelled by the disconnect watcher.
+- A request's n choices come from `choice_events` (choices.py) as (index, event) in
+  arrival order; n = 1 takes the same path.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import Awaitable, Callable
 
 import anyio
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from services.router.choices import Events, choice_events, next_event
 from services.router.openai_schema import (
     CompletionBackend,
     CompletionRequest,
     FinishEvent,
     RequestError,
     TokenEvent,
+    TokenLogprob,
 )
-from services.router.openai_wire import CompletionWire
+from services.router.openai_wire import ChoiceOutput, CompletionWire
 from services.router.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
 
 logger = logging.getLogger(__name__)
 
-Event = TokenEvent | FinishEvent
 
 
-class BackendEndedEarly(Exception):
-    """The backend's stream ended without a FinishEvent: a failure, never a "length"."""
-
-    def __init__(self) -> None:
-        super().__init__("the generation ended without a finish event")
+class ResponseFailed(Exception):
+    """The client was sent an error: what the other choices would produce is not needed."""
 
 
 async def wait_for_disconnect(receive: Receive) -> None:
@@ -92,14 +91,18 @@ class CompletionResponse(Response):
         self.backend = backend
         self.req = req
         self.wire = CompletionWire.for_request(req)
+        self.echo_pending = set(range(req.n)) if req.echo else set()  # choices not yet echoed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def respond() -> None:
-            async with aclosing(self.backend.stream(self.req)) as events:
-                if self.req.stream:
-                    await self._stream(events, scope, receive, send)
-                else:
-                    await self._collect(events, scope, receive, send)
+            try:
+                async with choice_events(self.backend, self.req) as events:
+                    if self.req.stream:
+                        await self._stream(events, scope, receive, send)
+                    else:
+                        await self._collect(events, scope, receive, send)
+            except ResponseFailed:  # the client has its error: the other choices are closed
+                pass
 
         try:
             if await run_until_disconnect(receive, respond):
@@ -107,69 +110,71 @@ class CompletionResponse(Response):
         except OSError:  # a server announcing ASGI 2.4 raises it on send after a disconnect
             logger.info("client disconnected; request %s aborted", self.wire.id)
 
-    async def _collect(
-        self, events: AsyncIterator[Event], scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        parts: list[str] = []
+    async def _collect(self, events: Events, scope: Scope, receive: Receive, send: Send) -> None:
+        n = self.req.n
+        texts: list[list[str]] = [[] for _ in range(n)]
+        logprobs: list[list[TokenLogprob] | None] = [
+            [] if self.req.logprobs else None for _ in range(n)
+        ]
+        finishes: dict[int, FinishEvent] = {}
         try:
-            event = await anext(events)
-            while isinstance(event, TokenEvent):
-                parts.append(event.text)
-                event = await anext(events)
-        except StopAsyncIteration:
-            await self._send_error(server_error(BackendEndedEarly()), scope, receive, send)
-            return
+            while len(finishes) < n:
+                index, event = await next_event(events)
+                if isinstance(event, FinishEvent):
+                    finishes[index] = event
+                    continue
+                text, entries = self._echoed(index, event)
+                texts[index].append(text)
+                if entries is not None and logprobs[index] is not None:
+                    logprobs[index].extend(entries)
         except Exception as exc:
             await self._send_error(server_error(exc), scope, receive, send)
-            return
-        body = self.wire.full_response("".join(parts), event)
+            raise ResponseFailed() from exc
+        choices = [ChoiceOutput("".join(texts[i]), finishes[i], logprobs[i]) for i in range(n)]
+        body = self.wire.full_response(choices)
         await JSONResponse(body, headers={"x-request-id": self.wire.id})(scope, receive, send)
-        await self._run_to_end(events)
 
-    async def _stream(
-        self, events: AsyncIterator[Event], scope: Scope, receive: Receive, send: Send
-    ) -> None:
+    async def _stream(self, events: Events, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            event: Event = await anext(events)
-        except StopAsyncIteration:
-            await self._send_error(server_error(BackendEndedEarly()), scope, receive, send)
-            return
+            index, event = await next_event(events)
         except Exception as exc:
             await self._send_error(server_error(exc), scope, receive, send)
-            return
+            raise ResponseFailed() from exc
 
         await self._start_event_stream(send)
-        for chunk in self.wire.opening_chunks():
+        for chunk in self.wire.opening_chunks(self.req.n):
             await self._send_body(send, sse_event(chunk))
+        finishes: list[FinishEvent] = []
         try:
-            while isinstance(event, TokenEvent):
-                await self._send_body(send, sse_event(self.wire.token_chunk(event.text)))
-                event = await anext(events)
-        except StopAsyncIteration:
-            await self._send_stream_error(send, BackendEndedEarly())
-            return
+            while True:
+                if isinstance(event, FinishEvent):
+                    finishes.append(event)
+                    chunk = self.wire.finish_chunk(event.finish_reason, index)
+                    await self._send_body(send, sse_event(chunk))
+                    if len(finishes) == self.req.n:
+                        break
+                else:
+                    text, entries = self._echoed(index, event)
+                    chunk = self.wire.token_chunk(text, index, entries)
+                    await self._send_body(send, sse_event(chunk))
+                index, event = await next_event(events)
         except Exception as exc:
             await self._send_stream_error(send, exc)
-            return
-        await self._send_body(send, sse_event(self.wire.finish_chunk(event.finish_reason)))
+            raise ResponseFailed() from exc
         if self.req.include_usage:
-            await self._send_body(send, sse_event(self.wire.usage_chunk(event)))
+            await self._send_body(send, sse_event(self.wire.usage_chunk(finishes)))
         await self._send_body(send, SSE_DONE, more_body=False)
-        await self._run_to_end(events)
 
-    async def _run_to_end(self, events: AsyncIterator[Event]) -> None:
-        """Let the backend finish on its own after its FinishEvent.
-
-        Closing it at that last yield would look like a client disconnect (GeneratorExit)
-        to its cleanup code, and count a served request as an abort.
-        """
-        try:
-            extra = await anext(events, None)
-        except Exception as exc:
-            logger.warning("request %s: backend failed after finishing: %r", self.wire.id, exc)
-            return
-        if extra is not None:
-            logger.warning("request %s: backend yielded %r after finishing", self.wire.id, extra)
+    def _echoed(self, index: int, event: TokenEvent) -> tuple[str, list[TokenLogprob] | None]:
+        """An event's text and logprobs, the prompt's leading them on a choice's first
+        event when the request echoes it."""
+        if index not in self.echo_pending:
+            return event.text, event.logprobs
+        self.echo_pending.discard(index)
+        text = (self.req.prompt or "") + event.text
+        if event.logprobs is None:
+            return text, None
+        return text, [*(event.prompt_logprobs or []), *event.logprobs]
 
     async def _start_event_stream(self, send: Send) -> None:
         headers = {

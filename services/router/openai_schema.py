@@ -11,11 +11,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 DEFAULT_MAX_TOKENS = 256
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Bounds the operator sets on what one request may ask (`pdmesh router` flags)."""
+
+    max_n: int = 8  # choices per request (--max-n)
+    max_top_logprobs: int = 20  # alternatives per token (--max-top-logprobs)
+
+
+DEFAULT_LIMITS = RequestLimits()
 
 
 @dataclass
@@ -37,7 +48,11 @@ class CompletionRequest:
     stop: list[str]  # a str or a list of str in JSON; applying them is the backend's job
     stream: bool
     include_usage: bool  # stream_options.include_usage
-    n: int = 1  # only 1 is supported: anything else is rejected with a 400
+    n: int = 1  # independent choices, each its own mesh request (choice i's seed derived)
+    logprobs: bool = False  # each generated token's logprob (chat: logprobs; completions:
+    top_logprobs: int = 0  # logprobs=k sets both) and this many alternatives
+    echo: bool = False  # completions: the prompt leads the text (and its logprobs)
+    user: str | None = None  # the client's end user, put on the trace
     request_id: str | None = None  # the id the client sees (chatcmpl-..., cmpl-...), for tracing
     ignore_eos: bool = False  # not OpenAI's: set by the gRPC API for benchmarks
     top_k: int = 0  # not OpenAI's (vLLM and others accept it); 0 means no top-k
@@ -85,9 +100,22 @@ def error_body(
 
 
 @dataclass
+class TokenLogprob:
+    """One token's logprob as OpenAI reports it; ``logprob`` is None for a prompt's first
+    token (nothing precedes it), ``top`` its most likely alternatives."""
+
+    token: str
+    bytes: list[int]
+    logprob: float | None
+    top: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass
 class TokenEvent:
     text: str
     token_id: int
+    logprobs: list[TokenLogprob] | None = None  # one per token of `text`, when asked
+    prompt_logprobs: list[TokenLogprob] | None = None  # on the first event, for echo
 
 
 @dataclass
@@ -123,7 +151,7 @@ class CompletionBackend(Protocol):
 # --- parsing -----------------------------------------------------------------------------
 
 
-def parse_chat_request(body: object) -> CompletionRequest:
+def parse_chat_request(body: object, limits: RequestLimits = DEFAULT_LIMITS) -> CompletionRequest:
     """Validate a /v1/chat/completions JSON body (already decoded)."""
     fields = _require_object(body)
     return CompletionRequest(
@@ -132,11 +160,14 @@ def parse_chat_request(body: object) -> CompletionRequest:
         messages=_messages(fields),
         prompt=None,
         # max_completion_tokens is the newer name; it wins when both are sent.
-        **_sampling(fields, ("max_completion_tokens", "max_tokens")),
+        **_sampling(fields, ("max_completion_tokens", "max_tokens"), limits),
+        **_chat_logprobs(fields, limits),
     )
 
 
-def parse_completion_request(body: object) -> CompletionRequest:
+def parse_completion_request(
+    body: object, limits: RequestLimits = DEFAULT_LIMITS
+) -> CompletionRequest:
     """Validate a /v1/completions JSON body (already decoded)."""
     fields = _require_object(body)
     return CompletionRequest(
@@ -144,7 +175,9 @@ def parse_completion_request(body: object) -> CompletionRequest:
         model=_model(fields),
         messages=None,
         prompt=_prompt(fields),
-        **_sampling(fields, ("max_tokens",)),
+        **_sampling(fields, ("max_tokens",), limits),
+        **_completion_logprobs(fields, limits),
+        echo=_optional_bool(fields, "echo"),
     )
 
 
@@ -215,7 +248,9 @@ def _prompt(fields: dict[str, Any]) -> str:
     return raw
 
 
-def _sampling(fields: dict[str, Any], max_tokens_names: tuple[str, ...]) -> dict[str, Any]:
+def _sampling(
+    fields: dict[str, Any], max_tokens_names: tuple[str, ...], limits: RequestLimits
+) -> dict[str, Any]:
     """Fields common to both endpoints, as CompletionRequest keyword arguments."""
     max_tokens = _max_tokens(fields, max_tokens_names)
     temperature = _optional_number(fields, "temperature", default=1.0)
@@ -228,9 +263,14 @@ def _sampling(fields: dict[str, Any], max_tokens_names: tuple[str, ...]) -> dict
     if top_k < 0:
         raise _invalid("top_k", "'top_k' must be at least 0 (0 means no top-k).")
     n = _optional_int(fields, "n")
-    if n is not None and n != 1:
-        raise _invalid("n", "Only n=1 is supported.")
+    if n is not None and not 1 <= n <= limits.max_n:
+        raise _invalid("n", f"'n' must be between 1 and {limits.max_n}.")
+    user = fields.get("user")
+    if user is not None and not isinstance(user, str):
+        raise _invalid("user", "'user' must be a string.")
     return {
+        "n": n or 1,
+        "user": user,
         "max_tokens": max_tokens,
         "temperature": temperature,
         "top_p": top_p,
@@ -240,6 +280,30 @@ def _sampling(fields: dict[str, Any], max_tokens_names: tuple[str, ...]) -> dict
         "stream": _optional_bool(fields, "stream"),
         "include_usage": _include_usage(fields),
     }
+
+
+def _chat_logprobs(fields: dict[str, Any], limits: RequestLimits) -> dict[str, Any]:
+    """Chat's `logprobs` (a boolean) and `top_logprobs` (alternatives, needs logprobs)."""
+    logprobs = _optional_bool(fields, "logprobs")
+    top = _top_logprobs(fields, "top_logprobs", limits)
+    if top and not logprobs:
+        raise _invalid("top_logprobs", "'top_logprobs' needs 'logprobs' set to true.")
+    return {"logprobs": logprobs, "top_logprobs": top}
+
+
+def _completion_logprobs(fields: dict[str, Any], limits: RequestLimits) -> dict[str, Any]:
+    """Completions' `logprobs`: an integer, the alternatives per token (0: the chosen
+    token's logprob alone); absent or null, no logprobs."""
+    if fields.get("logprobs") is None:
+        return {"logprobs": False, "top_logprobs": 0}
+    return {"logprobs": True, "top_logprobs": _top_logprobs(fields, "logprobs", limits)}
+
+
+def _top_logprobs(fields: dict[str, Any], name: str, limits: RequestLimits) -> int:
+    top = _optional_int(fields, name) or 0
+    if not 0 <= top <= limits.max_top_logprobs:
+        raise _invalid(name, f"'{name}' must be between 0 and {limits.max_top_logprobs}.")
+    return top
 
 
 def _max_tokens(fields: dict[str, Any], names: tuple[str, ...]) -> int:

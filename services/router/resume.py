@@ -39,5 +39,6 @@ def continuation(prompt: list[int], sampling: cpb.SamplingParams, streamed: list
     rest.CopyFrom(sampling)
     rest.max_tokens = sampling.max_tokens - len(streamed)
     rest.start_step = sampling.start_step + len(streamed)
+    rest.prompt_logprobs = False  # the streamed tokens are output, not prompt to score
     return prompt + streamed, rest
 

@@ -91,7 +91,7 @@ def test_chat_wire_shares_id_and_created() -> None:
     wire = CompletionWire.for_request(req)
     finish = FinishEvent("stop", prompt_tokens=2, completion_tokens=1)
     chunks = [*wire.opening_chunks(), wire.token_chunk("x"), wire.finish_chunk("stop")]
-    chunks.append(wire.usage_chunk(finish))
+    chunks.append(wire.usage_chunk([finish]))
     assert {(c["id"], c["created"], c["object"]) for c in chunks} == {
         (wire.id, wire.created, "chat.completion.chunk")
     }
