@@ -37,7 +37,7 @@ class Counters:
               ) -> cpb.MemberStats:
         """`requests`: the member's requests not yet released (a decoding sequence
         is in flight although its room already succeeded); default the live rooms."""
-        cache = pool.cache
+        cache = getattr(pool, "cache", None)  # None: prefix caching off
         rooms = {state.name.lower(): count for state, count in table.counts().items() if count}
         return cpb.MemberStats(
             role=role,
@@ -56,7 +56,7 @@ class Counters:
             deadline_expired_total=self.deadline_expired_total,
             aborts_by_reason=dict(self.aborts),
             prompt_tokens_computed_total=self.prompt_tokens_computed_total,
-            kv_pages_cached=pool.cached,
+            kv_pages_cached=cache.idle if cache else 0,
             prefix_cache_queries_total=cache.queries if cache else 0,
             prefix_cache_query_tokens_total=cache.query_tokens if cache else 0,
             prefix_cache_hits_total=cache.hit_tokens if cache else 0,
