@@ -145,8 +145,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "cache off then on, see pdmesh.bench.multiturn")
     multi.add_argument("--conversations", type=int, default=30, help="conversations (30)")
     multi.add_argument("--turns", type=int, default=5, help="turns per conversation (5)")
-    multi.add_argument("--turn-words", type=int, default=250,
-                       help="words of each new user message (250)")
+    multi.add_argument("--opening-words", type=int, default=900,
+                       help="words of each conversation's first message (900)")
+    multi.add_argument("--turn-words", type=int, default=60,
+                       help="words of each later user message (60)")
     multi.add_argument("--turn-tokens", type=int, default=16,
                        help="max_tokens of each answer (16)")
     load.add_argument("--ttft-slo", type=float, default=2.0, metavar="S",

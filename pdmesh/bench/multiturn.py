@@ -1,10 +1,11 @@
 """`pdmesh bench --workload multiturn`: agentic conversations, prefix cache on vs off.
 
-``--conversations`` conversations of ``--turns`` turns each; every turn resends the whole
-conversation so far (the previous prompt, the answer, then a new user message of about
-``--turn-words`` words), so prompts grow turn by turn, the way agents resend their
-history. ``--concurrency`` conversations are in flight at once, each one turn at a time.
-The same conversations run against two meshes started one after the other, the first
+``--conversations`` conversations of ``--turns`` turns each; the first message has about
+``--opening-words`` words (an agent's instructions and context), and every later turn
+resends the whole conversation so far (the previous prompt, the answer, then a new user
+message of about ``--turn-words`` words), so prompts grow turn by turn, the way agents
+resend their history. ``--concurrency`` conversations are in flight at once, each one
+turn at a time. The same conversations run against two meshes started one after the other, the first
 with ``--prefix-cache off`` and the second with ``on`` (same model, same flags else).
 
 Per side it reports TTFT p50 per turn index and of turns 2.., the prompt tokens the
@@ -44,8 +45,8 @@ def user_message(conversation: int, turn: int, words: int) -> str:
     return " ".join(out)
 
 
-async def _conversations(router: str, n: int, turns: int, words: int, max_tokens: int,
-                         concurrency: int) -> list[list[Turn]]:
+async def _conversations(router: str, n: int, turns: int, opening: int, words: int,
+                         max_tokens: int, concurrency: int) -> list[list[Turn]]:
     from pdmesh.client import GenerateClient, Piece
 
     results: list[list[Turn]] = [[] for _ in range(n)]
@@ -56,7 +57,8 @@ async def _conversations(router: str, n: int, turns: int, words: int, max_tokens
         async def one(c: int) -> None:
             history = ""
             for t in range(turns):
-                history += f"\nUser: {user_message(c, t, words)}\nAssistant:"
+                message = user_message(c, t, opening if t == 0 else words)
+                history += f"\nUser: {message}\nAssistant:"
                 turn, text = Turn(), ""
                 start = time.perf_counter()
                 try:
@@ -103,7 +105,7 @@ def side(args, cache: str, out_dir: Path) -> dict:
         before = _members(mesh.status())
         t0 = time.perf_counter()
         convs = anyio.run(_conversations, f"127.0.0.1:{mesh.grpc_port}", args.conversations,
-                          args.turns, args.turn_words, args.turn_tokens,
+                          args.turns, args.opening_words, args.turn_words, args.turn_tokens,
                           args.concurrency)
         wall = time.perf_counter() - t0
         after = _members(wait_quiet(mesh, 30.0))
@@ -146,7 +148,8 @@ def run(args) -> int:
         del s["tokens"]
     result = {
         "workload": {"name": "multiturn", "conversations": args.conversations,
-                     "turns": args.turns, "turn_words": args.turn_words,
+                     "turns": args.turns, "opening_words": args.opening_words,
+                     "turn_words": args.turn_words,
                      "turn_tokens": args.turn_tokens, "concurrency": args.concurrency,
                      "model": args.model, "device": args.device, "mesh_args": args.mesh_args},
         "greedy_tokens_identical": identical,
