@@ -85,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="how prompt KV travels prefill -> decode, for every member: native or nvfp4 "
         "(see pdmesh prefill --help; --prefill-args/--decode-args can override per role)",
     )
+    up.add_argument(
+        "--prefix-cache", default="on", choices=["on", "off"],
+        help="prefix cache on every prefill and decode (default on; see pdmesh prefill --help)",
+    )
     up.add_argument("--prefill", type=int, default=1, help="prefill processes (default 1)")
     up.add_argument("--prefill-kv-pages", type=int, default=None,
                     help="KV pool pages per prefill (default: sized to the device, see "
@@ -235,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
 
         plan = Plan(
             model=args.model, device=args.device, dtype=args.dtype, weights=args.weights,
-            kv_transfer=args.kv_transfer,
+            kv_transfer=args.kv_transfer, prefix_cache=args.prefix_cache,
             prefill=args.prefill, decode=args.decode,
             host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             bootstrap_port=args.bootstrap_port, gpu_memory_fraction=args.gpu_memory_fraction,

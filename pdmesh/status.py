@@ -37,6 +37,13 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
         "prompt_tokens_computed_total": None,
         "queue_depth": None,
         "preemptions_total": None,
+        "kv_pages_cached": None,
+        "prefix_cache_queries_total": None,
+        "prefix_cache_query_tokens_total": None,
+        "prefix_cache_hits_total": None,
+        "prefix_cache_hit_rate": None,
+        "kv_transfer_bytes_moved_total": None,
+        "kv_transfer_bytes_skipped_total": None,
     }
     channel = open_channel(member.address)
     try:
@@ -57,6 +64,7 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
             # only a router queues: prefills and decodes admit or refuse at once
             queue_depth=stats.queue_depth if member.role == cpb.ROUTER else None,
             preemptions_total=stats.preemptions_total,
+            **_cache_fields(member, stats),
             pinned=[
                 {
                     "room": p.room, "generation": p.generation,
@@ -72,6 +80,25 @@ async def member_stats(member: bpb.Member, timeout: float) -> dict:
     finally:
         await close_channel(channel)
     return row
+
+
+def _cache_fields(member: bpb.Member, stats: cpb.MemberStats) -> dict:
+    """Prefix cache and KV transfer figures of a prefill or decode (None elsewhere); the
+    hit rate is prompt tokens found over prompt tokens looked up."""
+    if member.role not in (cpb.PREFILL, cpb.DECODE):
+        return {}
+    asked = stats.prefix_cache_query_tokens_total
+    return dict(
+        kv_pages_cached=stats.kv_pages_cached,
+        prefix_cache_queries_total=stats.prefix_cache_queries_total,
+        prefix_cache_query_tokens_total=asked,
+        prefix_cache_hits_total=stats.prefix_cache_hits_total,
+        prefix_cache_hit_rate=round(stats.prefix_cache_hits_total / asked, 4) if asked else None,
+        kv_transfer_bytes_moved_total=stats.kv_transfer_bytes_moved_total
+        if member.role == cpb.PREFILL else None,
+        kv_transfer_bytes_skipped_total=stats.kv_transfer_bytes_skipped_total
+        if member.role == cpb.PREFILL else None,
+    )
 
 
 async def collect(bootstrap: str, timeout: float = 3.0) -> dict:
@@ -103,7 +130,7 @@ def render(status: dict) -> str:
     metrics = f" (metrics {boot['metrics']})" if boot.get("metrics") else ""
     lines = [f"bootstrap {boot['address']}{metrics}: {len(status['members'])} members"]
     header = f"{'ROLE':8} {'NAME':20} {'HEALTHY':7} {'INFLIGHT':8} {'KV PAGES':13} {'FAILED':6} "
-    lines.append(header + "ABORTS  QUEUED ROOMS")
+    lines.append(header + "ABORTS  QUEUED CACHED HIT%  ROOMS")
     for m in status["members"]:
         pages = (
             f"{m['kv_pages_used']}/{m['kv_pages_total']}" if m["kv_pages_total"] else "-"
@@ -112,7 +139,9 @@ def render(status: dict) -> str:
         lines.append(
             f"{m['role']:8} {m['name']:20} {'yes' if m['healthy'] else 'NO':7} "
             f"{_dash(m['inflight']):8} {pages:13} {_dash(m['transfer_failed_total']):6} "
-            f"{_dash(m['aborts_total']):7} {_dash(m['queue_depth']):6} {rooms}"
+            f"{_dash(m['aborts_total']):7} {_dash(m['queue_depth']):6} "
+            f"{_dash(m.get('kv_pages_cached')):6} {_percent(m.get('prefix_cache_hit_rate')):5} "
+            f"{rooms}"
             + (f"  ({m['error']})" if "error" in m else "")
         )
     for m in status["members"]:
@@ -156,6 +185,10 @@ def render_dump(reply: cpb.DumpReply) -> str:
         for s in stacks:
             parts.append(f"\n## {kind} {s.name}\n{s.stack.rstrip()}")
     return "\n".join(parts)
+
+
+def _percent(rate: float | None) -> str:
+    return "-" if rate is None else f"{100 * rate:.0f}%"
 
 
 def _dash(value) -> str:

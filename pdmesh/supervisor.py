@@ -54,6 +54,7 @@ class Plan:
     dtype: str = "float32"
     weights: str = "native"
     kv_transfer: str = "native"
+    prefix_cache: str = "on"
     prefill: int = 1
     decode: int = 1
     host: str = "127.0.0.1"
@@ -76,7 +77,8 @@ class Plan:
         base = [sys.executable, "-m", "pdmesh.cli"]
         common = ["--bootstrap", self.bootstrap, "--host", self.host]
         member = [*common, "--model", self.model, "--device", self.device, "--dtype", self.dtype,
-                  "--weights", self.weights, "--kv-transfer", self.kv_transfer]
+                  "--weights", self.weights, "--kv-transfer", self.kv_transfer,
+                  "--prefix-cache", self.prefix_cache]
         if sizing.is_cuda(self.device):
             member += ["--gpu-memory-fraction", f"{self.member_memory_fraction:.6g}"]
         out = [Child("bootstrap", [*base, "bootstrap", "--host", self.host,

@@ -3,6 +3,15 @@
 Layout ``[num_pages, n_layers, 2, n_kv_heads, page_size, head_dim]``: a page holds K and V of
 ``page_size`` consecutive positions for every layer, so one page is one contiguous byte range.
 The KV transfer registers ``tensor`` once and moves whole pages as (address, length) descriptors.
+
+With a prefix cache (``enable_prefix_cache``), full pages whose KV is complete can outlive
+their request and be shared by later ones (libs/engine/prefix_cache.py). A page enters
+only once it is *sealed*: its request said that its KV is complete and that no write can
+still touch it (the prefill's writes fenced, the decode's KvReady landed and its sequence
+out of the batch). A page freshly allocated is unsealed; a request that ends any other way
+(aborted, failed, preempted, quarantined) frees its pages without sealing them, so they
+can never be shared. Cached pages that no request holds count as free: ``alloc`` evicts
+the least recently used of them only when the truly free pages run out.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 from .config import ModelConfig
+from .prefix_cache import Hasher, PrefixCache, chained_hash
 
 
 class PoolExhausted(RuntimeError):
@@ -22,6 +32,14 @@ class PoolExhausted(RuntimeError):
         super().__init__(f"KV pool exhausted: requested {requested} pages, {free} free")
         self.requested = requested
         self.free = free
+
+
+class SharedPageWrite(RuntimeError):
+    """A write aimed at pages the prefix cache shares; nothing was written."""
+
+    def __init__(self, pages: list[int]) -> None:
+        super().__init__(f"refused: pages {pages} are shared by the prefix cache")
+        self.pages = pages
 
 
 class KvPool:
@@ -48,6 +66,12 @@ class KvPool:
         self._by_size: list[tuple[int, int]] = [(num_pages, 0)]
         self._free = num_pages
         self._is_free = [True] * num_pages
+        self._sealed = [False] * num_pages  # complete, and no write can still touch it
+        self.cache: PrefixCache | None = None
+
+    def enable_prefix_cache(self, fingerprint: str, hasher: Hasher = chained_hash) -> None:
+        """Keep full sealed pages for later requests of the same model (``fingerprint``)."""
+        self.cache = PrefixCache(fingerprint, self.page_size, hasher)
 
     @property
     def device(self) -> torch.device:
@@ -59,11 +83,51 @@ class KvPool:
 
     @property
     def free_count(self) -> int:
-        return self._free
+        """Pages an allocation can have: free ones and cached ones no request holds."""
+        return self._free + self.cached
 
     @property
     def used(self) -> int:
-        return self.num_pages - self._free
+        """Pages held by live requests (a shared cached page counts once)."""
+        return self.num_pages - self.free_count
+
+    @property
+    def cached(self) -> int:
+        """Cached pages no request holds."""
+        return self.cache.idle if self.cache is not None else 0
+
+    def match(self, tokens: Sequence[int], max_pages: int) -> list[int]:
+        """The cached pages of the longest prefix of ``tokens`` (at most ``max_pages``),
+        held for the caller until it frees them; [] without a cache."""
+        if self.cache is None or max_pages <= 0:
+            return []
+        return self.cache.match(tokens, max_pages)
+
+    def seal(self, pages: Iterable[int]) -> None:
+        """The caller's word that these held pages' KV is complete and that no write can
+        still touch them: from now on they may enter the cache."""
+        for p in pages:
+            if self._is_free[p] or (self.cache is not None and self.cache.is_idle(p)):
+                raise ValueError(f"sealing page {p}, which no request holds")
+            self._sealed[p] = True
+
+    def publish(self, tokens: Sequence[int], pages: Sequence[int]) -> int:
+        """Offer a request's full pages (page i holds ``tokens`` of page i) to the cache,
+        up to the first page not sealed; the caller still frees them. Returns the pages
+        that entered."""
+        if self.cache is None:
+            return 0
+        sealed = 0
+        while sealed < len(pages) and self._sealed[pages[sealed]]:
+            sealed += 1
+        return self.cache.insert(tokens, pages[:sealed])
+
+    def check_private(self, pages: Iterable[int]) -> None:
+        """Refuse a write into a page that the cache shares (its KV is read by others)."""
+        if self.cache is not None:
+            shared = [p for p in pages if p in self.cache]
+            if shared:
+                raise SharedPageWrite(shared)
 
     def pages_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.page_size)
@@ -78,8 +142,10 @@ class KvPool:
         """
         if n < 0:
             raise ValueError("cannot allocate a negative number of pages")
-        if n > self._free:
-            raise PoolExhausted(n, self._free)
+        if n > self.free_count:
+            raise PoolExhausted(n, self.free_count)
+        if n > self._free:  # cached pages no request holds go, least recently used first
+            self._free_now(self.cache.evict(n - self._free))
         pages: list[int] = []
         fit = bisect_left(self._by_size, (n, -1))
         if fit < len(self._by_size):
@@ -91,20 +157,29 @@ class KvPool:
         pages.sort()
         for p in pages:
             self._is_free[p] = False
+            self._sealed[p] = False
         return pages
 
     def free(self, pages: Iterable[int]) -> None:
-        """Return pages; validates all of them before freeing any."""
+        """Let go of a request's pages: a cached one loses a holder (and stays cached),
+        any other goes back. Validates all of them before freeing any."""
         pages = list(pages)
         seen: set[int] = set()
         for p in pages:
             if not 0 <= p < self.num_pages:
                 raise ValueError(f"unknown page {p}")
-            if self._is_free[p] or p in seen:
+            idle = self.cache is not None and self.cache.is_idle(p)
+            if self._is_free[p] or idle or p in seen:
                 raise ValueError(f"double free of page {p}")
             seen.add(p)
+        if self.cache is not None:
+            pages = [p for p in pages if not self.cache.release(p)]
+        self._free_now(pages)
+
+    def _free_now(self, pages: list[int]) -> None:
         for p in pages:
             self._is_free[p] = True
+            self._sealed[p] = False
         ordered = sorted(pages)
         run_start = 0
         for i in range(1, len(ordered) + 1):  # each run of consecutive freed ids

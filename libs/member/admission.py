@@ -6,11 +6,16 @@ is ALREADY_EXISTS, a full table or pool is RESOURCE_EXHAUSTED (the router queues
 request and tries again: capacity comes back), a request larger than the whole pool is
 OUT_OF_RANGE (it never fits here: waiting would not help), and a refusal leaves
 nothing behind.
+
+With a prefix, the pages of its longest cached part are held first (pinned until the
+request frees them, so the allocation that follows, and any eviction it causes, can never
+take them) and only the rest is allocated.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import grpc
 
@@ -22,9 +27,11 @@ from libs.rpc.handlers import RpcError
 
 def admit_room(
     table: RoomTable, pool: KvPool, ended: RecentKeys, key: RoomKey, n_pages: int,
-    budget: float,
-) -> tuple[Room, list[int]]:
-    """Create the room (deadline `budget` seconds away) and allocate `n_pages` for it."""
+    budget: float, prefix: Sequence[int] = (), max_hit_pages: int = 0,
+) -> tuple[Room, list[int], int]:
+    """Create the room (deadline `budget` seconds away) and give it `n_pages`: first the
+    cached pages of `prefix` (at most `max_hit_pages`), then fresh ones. Returns the room,
+    its pages and how many of them came from the cache."""
     if key in ended:
         raise RpcError(grpc.StatusCode.ABORTED, "room already ended here (aborted or served)")
     if n_pages > pool.num_pages:
@@ -39,10 +46,12 @@ def admit_room(
         raise RpcError(grpc.StatusCode.ALREADY_EXISTS, str(e)) from e
     except TableFull as e:
         raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
+    held = pool.match(prefix, min(max_hit_pages, n_pages)) if prefix else []
     try:
-        pages = pool.alloc(n_pages)
+        pages = held + pool.alloc(n_pages - len(held))
     except PoolExhausted as e:
+        pool.free(held)
         room.fail(FailureCause.REJECTED, time.monotonic())
         table.remove(key)
         raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
-    return room, pages
+    return room, pages, len(held)

@@ -29,6 +29,7 @@ def _message(info: cpb.TransferInfo, writer: cpb.PeerRef) -> bytes:
         struct.pack(">Q", writer.epoch),
         struct.pack(f">{len(info.dst_pages)}I", *info.dst_pages),
         struct.pack(">Q", info.grant_expires_unix_ms),
+        struct.pack(">I", info.held_pages),
     ]
     # length-prefix every part so no two field lists serialize alike
     return b"".join(struct.pack(">I", len(p)) + p for p in parts)

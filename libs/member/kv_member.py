@@ -165,7 +165,7 @@ class KvMember:
         cls, role: int, name: str, model: str, device: str, num_pages: int | None,
         page_size: int, dtype: str = "float32", weights: str = "native",
         kv_transfer: str = "native", memory_fraction: float | None = None,
-        max_rooms: int = 256, cuda_graphs: bool = True,
+        max_rooms: int = 256, cuda_graphs: bool = True, prefix_cache: bool = True,
     ) -> KvMember:
         """``num_pages`` None: sized to the device (see pool_pages). Raises
         UnsupportedKvShape when the model's KV cannot travel as ``kv_transfer``, and
@@ -187,12 +187,15 @@ class KvMember:
             )
             wire = KvWire(kv_transfer, pool.tensor)
         log.info("KV pool: %s on %s", sizing.describe(num_pages, page_size, per_page), device)
+        fingerprint = model_fingerprint(loaded)
+        if prefix_cache:  # keyed by the weights: another model never shares a page
+            pool.enable_prefix_cache(fingerprint)
         with out_of_memory_at_start(role_name, device, "building the engine"):
             engine = Engine(loaded.config, loaded.weights, pool,
                             cuda_graphs=None if cuda_graphs else False)
         agent = KvAgent(name, wire.region, wire.page_bytes)
         layout = cpb.KvLayout(
-            model=model_fingerprint(loaded),
+            model=fingerprint,
             dtype=str(pool.dtype).removeprefix("torch."),
             page_size=page_size,
             num_layers=loaded.config.n_layers,

@@ -37,10 +37,13 @@ class MemberMetrics:
             "pdmesh_kv_transfer_seconds", "A room's KV transfer, first chunk to KvReady",
             list(labels), buckets=SECONDS_BUCKETS, registry=self.registry,
         ).labels(**labels)
-        self.transfer_bytes = Histogram(
-            "pdmesh_kv_transfer_bytes", "Bytes of KV written for one room",
-            list(labels), buckets=BYTES_BUCKETS, registry=self.registry,
-        ).labels(**labels)
+        transfer_bytes = Histogram(
+            "pdmesh_kv_transfer_bytes", "Bytes of one room's KV: kind=moved (written to "
+            "the decode) or skipped (the decode held those pages already)",
+            [*labels, "kind"], buckets=BYTES_BUCKETS, registry=self.registry,
+        )
+        self.transfer_bytes = transfer_bytes.labels(**labels, kind="moved")
+        self.transfer_bytes_skipped = transfer_bytes.labels(**labels, kind="skipped")
         self.transfer_descriptors = Histogram(
             "pdmesh_kv_transfer_descriptors", "NIXL descriptors of one room's KV writes",
             list(labels), buckets=DESCRIPTOR_BUCKETS, registry=self.registry,
@@ -122,3 +125,11 @@ class _StatsCollector:
         if s.role == cpb.PREFILL:
             yield counter("pdmesh_prompt_tokens_computed", "Prompt tokens through the model",
                           s.prompt_tokens_computed_total)
+        yield gauge("pdmesh_kv_pages_cached", "Cached KV pages no request holds",
+                    s.kv_pages_cached)
+        yield counter("pdmesh_prefix_cache_queries", "Prefix cache lookups",
+                      s.prefix_cache_queries_total)
+        yield counter("pdmesh_prefix_cache_query_tokens", "Prompt tokens looked up",
+                      s.prefix_cache_query_tokens_total)
+        yield counter("pdmesh_prefix_cache_hits", "Prompt tokens found in the prefix cache",
+                      s.prefix_cache_hits_total)

@@ -84,6 +84,11 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str) -> None:
         "bucket (default on; off: the same forward launched eagerly)",
     )
     parser.add_argument("--max-rooms", type=int, default=256, help="bound on concurrent rooms")
+    parser.add_argument(
+        "--prefix-cache", default="on", choices=["on", "off"],
+        help="keep full KV pages of finished requests for later prompts that share their "
+        "prefix, evicted least recently used when free pages run out (default on)",
+    )
     parser.add_argument("--page-size", type=int, default=16, help="tokens per KV page")
     parser.add_argument(
         "--kv-transfer", default="native", choices=FORMATS,
@@ -143,7 +148,7 @@ async def serve_member(
                 role, name, args.model, args.device, args.kv_pages, args.page_size,
                 args.dtype, args.weights, args.kv_transfer,
                 memory_fraction=args.gpu_memory_fraction, max_rooms=args.max_rooms,
-                cuda_graphs=args.cuda_graphs == "on",
+                cuda_graphs=args.cuda_graphs == "on", prefix_cache=args.prefix_cache == "on",
             )
         )
     except DoesNotFit as e:

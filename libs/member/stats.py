@@ -20,6 +20,8 @@ class Counters:
     transfer_failed_total: int = 0
     deadline_expired_total: int = 0
     prompt_tokens_computed_total: int = 0
+    kv_bytes_moved_total: int = 0
+    kv_bytes_skipped_total: int = 0
     aborts: Counter[str] = field(default_factory=Counter)
 
     def cancelled(self, deadline: float) -> FailureCause:
@@ -35,6 +37,7 @@ class Counters:
               ) -> cpb.MemberStats:
         """`requests`: the member's requests not yet released (a decoding sequence
         is in flight although its room already succeeded); default the live rooms."""
+        cache = getattr(pool, "cache", None)  # None: prefix caching off
         rooms = {state.name.lower(): count for state, count in table.counts().items() if count}
         return cpb.MemberStats(
             role=role,
@@ -53,6 +56,12 @@ class Counters:
             deadline_expired_total=self.deadline_expired_total,
             aborts_by_reason=dict(self.aborts),
             prompt_tokens_computed_total=self.prompt_tokens_computed_total,
+            kv_pages_cached=cache.idle if cache else 0,
+            prefix_cache_queries_total=cache.queries if cache else 0,
+            prefix_cache_query_tokens_total=cache.query_tokens if cache else 0,
+            prefix_cache_hits_total=cache.hit_tokens if cache else 0,
+            kv_transfer_bytes_moved_total=self.kv_bytes_moved_total,
+            kv_transfer_bytes_skipped_total=self.kv_bytes_skipped_total,
         )
 
 

@@ -110,6 +110,24 @@ class Transfer:
         return True
 
 
+class Notified:
+    """A notification sent on its own, no data: what a room whose pages the peer holds
+    already "writes". Done when posted; it holds no memory, so it is always fenced."""
+
+    bytes = 0
+    descriptors = 0
+    gbps = None
+    released = True
+    withheld = False
+    error = ""
+
+    def poll(self) -> str:
+        return "DONE"
+
+    def release(self) -> bool:
+        return True
+
+
 class KvAgent:
     """Registers a page-major pool once and WRITEs pages into peers' pools.
 
@@ -247,6 +265,17 @@ class KvAgent:
             raise TransferFailed(f"{type(exc).__name__}: {exc}") from exc
         size = write.pages * self._layout.page_bytes
         return Transfer(handle, self._agent, first, size, write.descriptors, self._live, posted)
+
+    def notify(self, peer_name: str, notif: bytes) -> Notified:
+        """Send ``notif`` to the peer without a WRITE. Delivered after the data of the
+        writes posted before it that the caller saw DONE."""
+        if peer_name not in self._peers:
+            raise UnknownPeer(peer_name)
+        try:
+            self._agent.send_notif(peer_name, notif)
+        except NIXL_ERRORS as exc:
+            raise TransferFailed(f"{type(exc).__name__}: {exc}") from exc
+        return Notified()
 
     def get_notifs(self) -> list[tuple[str, bytes]]:
         """New notifications since the last call, as (peer agent name, message).

@@ -126,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="extra `pdmesh up` flags, e.g. '--decode-args \"--max-batch 128\"'")
     load = parser.add_argument_group(
         "load (--workload): a concurrency sweep against a running mesh, see pdmesh.bench.load")
-    load.add_argument("--workload", choices=["chat"], default=None,
+    load.add_argument("--workload", choices=["chat", "multiturn"], default=None,
                       help="run the load benchmark instead of the comparison: chat requests "
                       "closed loop at each --concurrency level, --requests each (default 300)")
     load.add_argument("--router", default=None, metavar="ADDR",
@@ -140,6 +140,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="words per chat prompt (default 50:700)")
     load.add_argument("--max-tokens", default="32:256", metavar="N|A:B",
                       help="max_tokens per request (default 32:256)")
+    multi = parser.add_argument_group(
+        "multiturn (--workload multiturn): conversations resending their history, prefix "
+        "cache off then on, see pdmesh.bench.multiturn")
+    multi.add_argument("--conversations", type=int, default=30, help="conversations (30)")
+    multi.add_argument("--turns", type=int, default=5, help="turns per conversation (5)")
+    multi.add_argument("--opening-words", type=int, default=900,
+                       help="words of each conversation's first message (900)")
+    multi.add_argument("--turn-words", type=int, default=60,
+                       help="words of each later user message (60)")
+    multi.add_argument("--turn-tokens", type=int, default=16,
+                       help="max_tokens of each answer (16)")
     load.add_argument("--ttft-slo", type=float, default=2.0, metavar="S",
                       help="goodput: time to first token at most S seconds (default 2)")
     load.add_argument("--itl-slo", type=float, default=0.1, metavar="S",
@@ -147,6 +158,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.workload == "multiturn":
+        from pdmesh.bench import multiturn
+
+        if args.out == DEFAULT_OUT:
+            args.out = "bench-results/multiturn.json"
+        if args.concurrency is None:
+            args.concurrency = 4
+        try:
+            args.concurrency = int(args.concurrency)
+        except ValueError:
+            print(f"pdmesh bench: --concurrency {args.concurrency}: one integer")
+            return 2
+        return multiturn.run(args)
     if args.workload is not None:
         from pdmesh.bench import load
 

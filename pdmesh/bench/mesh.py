@@ -104,7 +104,7 @@ class MeshSide:
                 text = reply.read().decode()
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
-                    if sample.name in names:
+                    if sample.name in names and sample.labels.get("kind", "moved") == "moved":
                         totals[names[sample.name]] += sample.value
         return totals
 

@@ -135,21 +135,23 @@ class KvRegion(_message.Message):
     def __init__(self, base_addr: _Optional[int] = ..., num_pages: _Optional[int] = ..., mem_type: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
 
 class TransferInfo(_message.Message):
-    __slots__ = ("key", "decode", "dst_pages", "grant", "grant_expires_unix_ms")
+    __slots__ = ("key", "decode", "dst_pages", "grant", "grant_expires_unix_ms", "held_pages")
     KEY_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIELD_NUMBER: _ClassVar[int]
     DST_PAGES_FIELD_NUMBER: _ClassVar[int]
     GRANT_FIELD_NUMBER: _ClassVar[int]
     GRANT_EXPIRES_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    HELD_PAGES_FIELD_NUMBER: _ClassVar[int]
     key: RoomKey
     decode: PeerRef
     dst_pages: _containers.RepeatedScalarFieldContainer[int]
     grant: bytes
     grant_expires_unix_ms: int
-    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ..., dst_pages: _Optional[_Iterable[int]] = ..., grant: _Optional[bytes] = ..., grant_expires_unix_ms: _Optional[int] = ...) -> None: ...
+    held_pages: int
+    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ..., dst_pages: _Optional[_Iterable[int]] = ..., grant: _Optional[bytes] = ..., grant_expires_unix_ms: _Optional[int] = ..., held_pages: _Optional[int] = ...) -> None: ...
 
 class TransferResult(_message.Message):
-    __slots__ = ("key", "status", "error", "first_token", "pages_written", "bytes_written", "transfer_seconds", "prefill", "decode", "first_logprob", "prompt_logprobs")
+    __slots__ = ("key", "status", "error", "first_token", "pages_written", "bytes_written", "transfer_seconds", "prefill", "decode", "first_logprob", "prompt_logprobs", "cached_tokens", "computed_tokens", "bytes_skipped")
     KEY_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +163,9 @@ class TransferResult(_message.Message):
     DECODE_FIELD_NUMBER: _ClassVar[int]
     FIRST_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     key: RoomKey
     status: TransferStatus
     error: str
@@ -172,7 +177,10 @@ class TransferResult(_message.Message):
     decode: PeerRef
     first_logprob: TokenLogprob
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[TokenLogprob]
-    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., status: _Optional[_Union[TransferStatus, str]] = ..., error: _Optional[str] = ..., first_token: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., transfer_seconds: _Optional[float] = ..., prefill: _Optional[_Union[PeerRef, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ..., first_logprob: _Optional[_Union[TokenLogprob, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ...) -> None: ...
+    cached_tokens: int
+    computed_tokens: int
+    bytes_skipped: int
+    def __init__(self, key: _Optional[_Union[RoomKey, _Mapping]] = ..., status: _Optional[_Union[TransferStatus, str]] = ..., error: _Optional[str] = ..., first_token: _Optional[int] = ..., pages_written: _Optional[int] = ..., bytes_written: _Optional[int] = ..., transfer_seconds: _Optional[float] = ..., prefill: _Optional[_Union[PeerRef, _Mapping]] = ..., decode: _Optional[_Union[PeerRef, _Mapping]] = ..., first_logprob: _Optional[_Union[TokenLogprob, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[TokenLogprob, _Mapping]]] = ..., cached_tokens: _Optional[int] = ..., computed_tokens: _Optional[int] = ..., bytes_skipped: _Optional[int] = ...) -> None: ...
 
 class KvReady(_message.Message):
     __slots__ = ("key", "prefill", "num_pages", "prompt_tokens", "first_token")
@@ -221,7 +229,7 @@ class StatsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MemberStats(_message.Message):
-    __slots__ = ("role", "name", "epoch", "healthy", "inflight", "kv_pages_used", "kv_pages_total", "rooms", "transfer_failed_total", "aborts_total", "requests_total", "pinned", "pid", "deadline_expired_total", "aborts_by_reason", "prompt_tokens_computed_total", "metrics_address", "queue_depth", "preemptions_total")
+    __slots__ = ("role", "name", "epoch", "healthy", "inflight", "kv_pages_used", "kv_pages_total", "rooms", "transfer_failed_total", "aborts_total", "requests_total", "pinned", "pid", "deadline_expired_total", "aborts_by_reason", "prompt_tokens_computed_total", "metrics_address", "queue_depth", "preemptions_total", "kv_pages_cached", "prefix_cache_queries_total", "prefix_cache_query_tokens_total", "prefix_cache_hits_total", "kv_transfer_bytes_moved_total", "kv_transfer_bytes_skipped_total")
     class RoomsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -255,6 +263,12 @@ class MemberStats(_message.Message):
     METRICS_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     PREEMPTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_PAGES_CACHED_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERY_TOKENS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HITS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_BYTES_MOVED_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    KV_TRANSFER_BYTES_SKIPPED_TOTAL_FIELD_NUMBER: _ClassVar[int]
     role: Role
     name: str
     epoch: int
@@ -274,7 +288,13 @@ class MemberStats(_message.Message):
     metrics_address: str
     queue_depth: int
     preemptions_total: int
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., healthy: _Optional[bool] = ..., inflight: _Optional[int] = ..., kv_pages_used: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., rooms: _Optional[_Mapping[str, int]] = ..., transfer_failed_total: _Optional[int] = ..., aborts_total: _Optional[int] = ..., requests_total: _Optional[int] = ..., pinned: _Optional[_Iterable[_Union[PinnedRoom, _Mapping]]] = ..., pid: _Optional[int] = ..., deadline_expired_total: _Optional[int] = ..., aborts_by_reason: _Optional[_Mapping[str, int]] = ..., prompt_tokens_computed_total: _Optional[int] = ..., metrics_address: _Optional[str] = ..., queue_depth: _Optional[int] = ..., preemptions_total: _Optional[int] = ...) -> None: ...
+    kv_pages_cached: int
+    prefix_cache_queries_total: int
+    prefix_cache_query_tokens_total: int
+    prefix_cache_hits_total: int
+    kv_transfer_bytes_moved_total: int
+    kv_transfer_bytes_skipped_total: int
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., name: _Optional[str] = ..., epoch: _Optional[int] = ..., healthy: _Optional[bool] = ..., inflight: _Optional[int] = ..., kv_pages_used: _Optional[int] = ..., kv_pages_total: _Optional[int] = ..., rooms: _Optional[_Mapping[str, int]] = ..., transfer_failed_total: _Optional[int] = ..., aborts_total: _Optional[int] = ..., requests_total: _Optional[int] = ..., pinned: _Optional[_Iterable[_Union[PinnedRoom, _Mapping]]] = ..., pid: _Optional[int] = ..., deadline_expired_total: _Optional[int] = ..., aborts_by_reason: _Optional[_Mapping[str, int]] = ..., prompt_tokens_computed_total: _Optional[int] = ..., metrics_address: _Optional[str] = ..., queue_depth: _Optional[int] = ..., preemptions_total: _Optional[int] = ..., kv_pages_cached: _Optional[int] = ..., prefix_cache_queries_total: _Optional[int] = ..., prefix_cache_query_tokens_total: _Optional[int] = ..., prefix_cache_hits_total: _Optional[int] = ..., kv_transfer_bytes_moved_total: _Optional[int] = ..., kv_transfer_bytes_skipped_total: _Optional[int] = ...) -> None: ...
 
 class PinnedRoom(_message.Message):
     __slots__ = ("room", "generation", "state", "age_seconds", "idle_seconds", "peer")

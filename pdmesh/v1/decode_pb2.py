@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdmesh.v1 import common_pb2 as pdmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pdmesh/v1/decode.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\x99\x01\n\rDecodeRequest\x12\x1f\n\x03key\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.RoomKey\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12#\n\x07prefill\x18\x04 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\"X\n\nTokenChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.pdmesh.v1.TokenLogprob\":\n\x06\x46inish\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"&\n\tPreempted\x12\x19\n\x11\x63ompletion_tokens\x18\x01 \x01(\r\"\xe8\x01\n\x0b\x44\x65\x63odeEvent\x12+\n\x08transfer\x18\x01 \x01(\x0b\x32\x17.pdmesh.v1.TransferInfoH\x00\x12\'\n\x06tokens\x18\x02 \x01(\x0b\x32\x15.pdmesh.v1.TokenChunkH\x00\x12#\n\x06\x66inish\x18\x03 \x01(\x0b\x32\x11.pdmesh.v1.FinishH\x00\x12*\n\nkv_arrived\x18\x04 \x01(\x0b\x32\x14.pdmesh.v1.KvArrivedH\x00\x12)\n\tpreempted\x18\x05 \x01(\x0b\x32\x14.pdmesh.v1.PreemptedH\x00\x42\x07\n\x05\x65vent\"\"\n\tKvArrived\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r2x\n\x06\x44\x65\x63ode\x12>\n\x08Generate\x12\x18.pdmesh.v1.DecodeRequest\x1a\x16.pdmesh.v1.DecodeEvent0\x01\x12.\n\x05\x41\x62ort\x12\x10.pdmesh.v1.Abort\x1a\x13.pdmesh.v1.AbortAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16pdmesh/v1/decode.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\xb3\x01\n\rDecodeRequest\x12\x1f\n\x03key\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.RoomKey\x12\x15\n\rprompt_tokens\x18\x02 \x01(\r\x12+\n\x08sampling\x18\x03 \x01(\x0b\x32\x19.pdmesh.v1.SamplingParams\x12#\n\x07prefill\x18\x04 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\x12\x18\n\x10prompt_token_ids\x18\x05 \x03(\r\"X\n\nTokenChunk\x12\x11\n\ttoken_ids\x18\x01 \x03(\r\x12\x0c\n\x04text\x18\x02 \x01(\t\x12)\n\x08logprobs\x18\x03 \x03(\x0b\x32\x17.pdmesh.v1.TokenLogprob\":\n\x06\x46inish\x12\x15\n\rfinish_reason\x18\x01 \x01(\t\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\r\"&\n\tPreempted\x12\x19\n\x11\x63ompletion_tokens\x18\x01 \x01(\r\"\xe8\x01\n\x0b\x44\x65\x63odeEvent\x12+\n\x08transfer\x18\x01 \x01(\x0b\x32\x17.pdmesh.v1.TransferInfoH\x00\x12\'\n\x06tokens\x18\x02 \x01(\x0b\x32\x15.pdmesh.v1.TokenChunkH\x00\x12#\n\x06\x66inish\x18\x03 \x01(\x0b\x32\x11.pdmesh.v1.FinishH\x00\x12*\n\nkv_arrived\x18\x04 \x01(\x0b\x32\x14.pdmesh.v1.KvArrivedH\x00\x12)\n\tpreempted\x18\x05 \x01(\x0b\x32\x14.pdmesh.v1.PreemptedH\x00\x42\x07\n\x05\x65vent\"\"\n\tKvArrived\x12\x15\n\rprompt_tokens\x18\x01 \x01(\r2x\n\x06\x44\x65\x63ode\x12>\n\x08Generate\x12\x18.pdmesh.v1.DecodeRequest\x1a\x16.pdmesh.v1.DecodeEvent0\x01\x12.\n\x05\x41\x62ort\x12\x10.pdmesh.v1.Abort\x1a\x13.pdmesh.v1.AbortAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,17 +33,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pdmesh.v1.decode_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DECODEREQUEST']._serialized_start=62
-  _globals['_DECODEREQUEST']._serialized_end=215
-  _globals['_TOKENCHUNK']._serialized_start=217
-  _globals['_TOKENCHUNK']._serialized_end=305
-  _globals['_FINISH']._serialized_start=307
-  _globals['_FINISH']._serialized_end=365
-  _globals['_PREEMPTED']._serialized_start=367
-  _globals['_PREEMPTED']._serialized_end=405
-  _globals['_DECODEEVENT']._serialized_start=408
-  _globals['_DECODEEVENT']._serialized_end=640
-  _globals['_KVARRIVED']._serialized_start=642
-  _globals['_KVARRIVED']._serialized_end=676
-  _globals['_DECODE']._serialized_start=678
-  _globals['_DECODE']._serialized_end=798
+  _globals['_DECODEREQUEST']._serialized_end=241
+  _globals['_TOKENCHUNK']._serialized_start=243
+  _globals['_TOKENCHUNK']._serialized_end=331
+  _globals['_FINISH']._serialized_start=333
+  _globals['_FINISH']._serialized_end=391
+  _globals['_PREEMPTED']._serialized_start=393
+  _globals['_PREEMPTED']._serialized_end=431
+  _globals['_DECODEEVENT']._serialized_start=434
+  _globals['_DECODEEVENT']._serialized_end=666
+  _globals['_KVARRIVED']._serialized_start=668
+  _globals['_KVARRIVED']._serialized_end=702
+  _globals['_DECODE']._serialized_start=704
+  _globals['_DECODE']._serialized_end=824
 # @@protoc_insertion_point(module_scope)

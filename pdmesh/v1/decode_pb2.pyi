@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DecodeRequest(_message.Message):
-    __slots__ = ("key", "prompt_tokens", "sampling", "prefill")
+    __slots__ = ("key", "prompt_tokens", "sampling", "prefill", "prompt_token_ids")
     KEY_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
     PREFILL_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     key: _common_pb2.RoomKey
     prompt_tokens: int
     sampling: _common_pb2.SamplingParams
     prefill: _common_pb2.PeerRef
-    def __init__(self, key: _Optional[_Union[_common_pb2.RoomKey, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., prefill: _Optional[_Union[_common_pb2.PeerRef, _Mapping]] = ...) -> None: ...
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, key: _Optional[_Union[_common_pb2.RoomKey, _Mapping]] = ..., prompt_tokens: _Optional[int] = ..., sampling: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., prefill: _Optional[_Union[_common_pb2.PeerRef, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TokenChunk(_message.Message):
     __slots__ = ("token_ids", "text", "logprobs")

@@ -62,6 +62,7 @@ class Sequence:
     receive: MemoryObjectReceiveStream[Sampled]
     generated: int = 0
     last_token: int = 0
+    history: list[int] = field(default_factory=list)  # every accepted token, in order
     cancelled: bool = False
     finished: bool = False
     order: int = 0  # admission order, for newest-first preemption
@@ -71,6 +72,7 @@ class Sequence:
         """Record one sampled token; returns what its stream receives."""
         self.generated += 1
         self.last_token = token
+        self.history.append(token)
         if token in self.end_ids:
             return Sampled(token, "stop", logprob)
         if self.generated >= self.params.max_tokens:

@@ -13,6 +13,13 @@ Pages that a write may still touch are never reused on a timeout alone
 quarantine and come back only on a fence: the late KvReady itself, an Abort
 saying the writer is fenced, or the writer's registration (epoch) gone.
 
+With the prefix cache on, admission holds the cached pages of the prompt's longest cached
+prefix (pinned until the request ends: no eviction can take them) and names them in the
+TransferInfo (``held_pages``), so the prefill writes only the rest. A sequence that
+finishes (stop or length) seals the full pages whose KV it holds, prompt and generated
+tokens alike, and offers them to the cache on release, ready for the conversation's next
+turn; a request that ends any other way shares nothing.
+
 With ``--kv-transfer nvfp4`` the prefill writes NVFP4 slots into this member's
 staging region (slot i belongs to KV page i, so quarantining a page quarantines
 its slot), and once KvReady says every slot landed they are dequantized into
@@ -38,6 +45,7 @@ from libs.member.lifecycle import Request
 from libs.member.service import MemberConfig, MemberService
 from libs.member.timeouts import TIMEOUTS
 from libs.member.wire import (
+    check_tokens,
     key_from_proto,
     key_to_proto,
     logprob_to_proto,
@@ -65,6 +73,9 @@ class Slot(Request):
 
     prompt_pages: int
     writer: cpb.PeerRef
+    tokens: list[int] = field(default_factory=list)  # the prompt, when the router sent it
+    held_pages: int = 0  # leading pages from this decode's cache: nothing is written there
+    finished: bool = False  # streamed its Finish: every KV it holds is complete
     ready: cpb.KvReady | None = None
     seq: Sequence | None = None
     writer_fenced: bool = False  # an Abort said the writer released: no write can land
@@ -127,6 +138,12 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
                 f"prompt ({request.prompt_tokens}) + max_tokens ({params.max_tokens}) "
                 f"exceeds the context of {config.max_position}",
             )
+        tokens = list(request.prompt_token_ids)
+        if tokens:
+            if len(tokens) != request.prompt_tokens:
+                raise invalid(f"prompt_token_ids has {len(tokens)} tokens, prompt_tokens says "
+                              f"{request.prompt_tokens}")
+            check_tokens(tokens, config.vocab_size, config.max_position)
         if self.member.peer(request.prefill) is None:  # unknown, stale, or refused at join
             raise RpcError(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -141,8 +158,9 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
         reserve = self.config.reservation.admit_tokens(request.prompt_tokens, params.max_tokens)
         # The KV must land with time left to generate: the wait for it ends a little
         # before the call's own deadline, and fails typed, on our terms.
-        room, pages = admit_room(
-            self.table, pool, self.ended, key, pool.pages_for(reserve), TIMEOUTS.kv_wait(budget)
+        room, pages, held = admit_room(
+            self.table, pool, self.ended, key, pool.pages_for(reserve), TIMEOUTS.kv_wait(budget),
+            prefix=tokens, max_hit_pages=len(tokens) // pool.page_size,
         )
         slot = Slot(
             key=key,
@@ -150,6 +168,8 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
             pages=pages,
             prompt_pages=pool.pages_for(request.prompt_tokens),
             writer=request.prefill,
+            tokens=tokens,
+            held_pages=held,
         )
         self.requests[key] = slot
         self._kv_expected.set()
@@ -188,14 +208,17 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
                    called: float, deadline: float) -> None:
         """Offer the pages, wait for their KV, then stream the tokens until the Finish."""
         slot.room.transition(RoomState.WAITING_FOR_INPUT, time.monotonic())
+        self.member.pool.check_private(slot.pages[slot.held_pages : slot.prompt_pages])
         info = cpb.TransferInfo(key=request.key, decode=self.ref(),
-                                dst_pages=slot.pages[: slot.prompt_pages])
+                                dst_pages=slot.pages[: slot.prompt_pages],
+                                held_pages=slot.held_pages)
         grant.sign(self.member.grant_key, info, slot.writer)
         await context.write(dpb.DecodeEvent(transfer=info))
         slot.stage = "transfer"
         # The room's deadline is enforced by the notification poller, which
         # drains KvReady first: a KV that landed in time is never failed late.
         with span("kv wait", attributes={"pdmesh.kv.pages": len(info.dst_pages),
+                                         "pdmesh.kv.held_pages": slot.held_pages,
                                          "pdmesh.peer": slot.writer.name}) as wait_span:
             state = await slot.room.wait_terminal()
             if state is not RoomState.SUCCESS:  # failed by an Abort or its deadline
@@ -213,7 +236,7 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
         )
         with anyio.fail_after(max(0.0, deadline - time.monotonic())), \
                 span("generate") as generate_span:
-            completion_tokens, preempted = await self._stream(seq, context, called)
+            completion_tokens, preempted = await self._stream(slot, seq, context, called)
             generate_span.set_attribute("pdmesh.completion_tokens", completion_tokens)
             if preempted:
                 generate_span.add_event("preempted", {"pdmesh.completion_tokens":
@@ -228,12 +251,13 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
         """
         wire = self.member.wire
         if wire.staged:
-            pages = slot.pages[: slot.prompt_pages]
+            pages = slot.pages[slot.held_pages : slot.prompt_pages]  # held ones are KV
             with span("kv dequantize", attributes={"pdmesh.kv.pages": len(pages),
                                                    "pdmesh.kv.format": wire.name}):
                 await anyio.to_thread.run_sync(wire.unpack, pages)
 
-    async def _stream(self, seq: Sequence, context, called: float) -> tuple[int, bool]:
+    async def _stream(self, slot: Slot, seq: Sequence, context, called: float
+                      ) -> tuple[int, bool]:
         """Send the sequence's tokens, several to a message when the writes fall behind,
         then its Finish (or its Preempted); returns the completion tokens and whether it
         was preempted."""
@@ -265,6 +289,7 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
                     await context.write(dpb.DecodeEvent(preempted=preempted))
                     return tokens.completion_tokens, True
                 if chunk.finish_reason is not None:
+                    slot.finished = True
                     finish = dpb.Finish(finish_reason=chunk.finish_reason,
                                         completion_tokens=tokens.completion_tokens)
                     await context.write(dpb.DecodeEvent(finish=finish))
@@ -284,10 +309,21 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
             self._to_fence.send_nowait(slot)
             outcome = "quarantined"
         else:
+            if slot.finished and slot.tokens:
+                self._publish(slot)
             self._free(slot)
             outcome = "released"
         slot.released.set()
         return outcome
+
+    def _publish(self, slot: Slot) -> None:
+        """Seal and offer the full pages whose KV this finished sequence holds: the
+        prompt's (KvReady landed) and the generated tokens' but the last (never fed)."""
+        pool, seq = self.member.pool, slot.seq
+        tokens = slot.tokens + seq.history[: seq.generated - 1]
+        full = len(tokens) // pool.page_size
+        pool.seal(slot.pages[:full])
+        pool.publish(tokens, slot.pages[:full])
 
     def _free(self, slot: Slot) -> None:
         self.member.pool.free(slot.pages)

@@ -17,6 +17,13 @@ the one the request waits on, timed from its post to done. The earlier writes
 overlap compute, so their completion is only seen when polled and their time
 says nothing about the link.
 
+With the prefix cache on, the prompt's longest cached prefix (whole pages, short of the
+last token, whose logits the first token needs) is held from admission and only the rest
+is computed, chunk by chunk from there. The decode's TransferInfo names the leading pages
+it holds already (``held_pages``): only the pages after them are written, and a prompt the
+decode holds whole moves no KV, only the KvReady. A request that succeeded seals its pages
+once its writes are fenced and offers them to the cache on release.
+
 With ``--kv-transfer nvfp4`` a chunk's pages are first quantized (off the loop)
 into their staging slots, which is what the WRITE then reads; a slot has the id
 of its KV page, so the same fence frees both (libs/transfer/staging.py).
@@ -48,6 +55,7 @@ from libs.member.wire import (
 )
 from libs.rpc.handlers import RpcError, contained, invalid
 from libs.tracing import span
+from libs.transfer.agent import Notified
 from libs.transfer.errors import LayoutMismatch, TransferError
 from libs.transfer.layout import check_pages
 from libs.transfer.wait import wait
@@ -65,6 +73,8 @@ class Job(Request):
     """One admitted prefill: besides its room and pages, its decode and in-flight writes."""
 
     peer: Peer
+    tokens: list[int]
+    cached_pages: int = 0  # leading pages from this prefill's cache: not computed
     transfers: list = field(default_factory=list)
 
     @property
@@ -117,12 +127,21 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
         n_pages = self.member.pool.pages_for(len(tokens))
         if len(info.dst_pages) != n_pages:
             raise invalid(f"transfer.dst_pages has {len(info.dst_pages)} pages, need {n_pages}")
+        if info.held_pages > n_pages:
+            raise invalid(f"transfer.held_pages ({info.held_pages}) exceeds the prompt's "
+                          f"{n_pages} pages")
         try:
             check_pages(peer.layout, list(info.dst_pages), "destination")
         except LayoutMismatch as e:
             raise invalid(str(e)) from e
-        room, pages = admit_room(self.table, self.member.pool, self.ended, key, n_pages, budget)
-        job = Job(key=key, room=room, pages=pages, peer=peer)
+        # Prompt logprobs score every prompt token, so they need the whole prompt computed.
+        prefix = () if request.sampling.prompt_logprobs else tokens
+        room, pages, cached = admit_room(
+            self.table, self.member.pool, self.ended, key, n_pages, budget,
+            prefix=prefix, max_hit_pages=(len(tokens) - 1) // self.member.pool.page_size,
+        )
+        job = Job(key=key, room=room, pages=pages, peer=peer, tokens=tokens,
+                  cached_pages=cached)
         self.requests[key] = job
         return job, tokens
 
@@ -158,7 +177,8 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
         dst = list(info.dst_pages)
         page_size = pool.page_size
         room.transition(RoomState.WAITING_FOR_INPUT, time.monotonic())
-        sent = 0
+        sent = info.held_pages  # the decode holds the pages before these already
+        first_chunk = job.cached_pages * page_size  # ours are cached up to here
         logits = None
         prompt_logprobs: list[cpb.TokenLogprob] = []
         started = time.perf_counter()
@@ -170,12 +190,14 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
             job.stage = "prefill"
             await context.write(ppb.PrefillEvent(progress=ppb.PrefillProgress(tokens_done=0)))
 
-        for start in range(0, n, self.config.chunk_tokens):
+        for start in range(first_chunk, n, self.config.chunk_tokens):
             chunk = tokens[start : start + self.config.chunk_tokens]
+            pool.check_private(job.pages[start // page_size : pool.pages_for(start + len(chunk))])
             with span("prefill chunk", attributes={"pdmesh.chunk.start": start,
                                                    "pdmesh.chunk.tokens": len(chunk)}):
                 logits = await self.scheduler.prefill(
-                    chunk, job.pages, start, on_start=computing if start == 0 else None,
+                    chunk, job.pages, start,
+                    on_start=computing if start == first_chunk else None,
                     all_logits=sampling.prompt_logprobs)
             if sampling.prompt_logprobs:  # every row predicts the token after it
                 prompt_logprobs += await self._prompt_logprobs(logits, tokens, start, sampling)
@@ -210,8 +232,11 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
         )
         deadline = room.deadline
         job.stage = "transfer"
-        wire_bytes = len(dst) * member.wire.page_bytes
-        attributes = {"pdmesh.kv.pages": len(dst), "pdmesh.kv.bytes": wire_bytes,
+        moved_pages = len(dst) - info.held_pages
+        wire_bytes = moved_pages * member.wire.page_bytes
+        skipped_bytes = info.held_pages * member.wire.page_bytes
+        attributes = {"pdmesh.kv.pages": moved_pages, "pdmesh.kv.bytes": wire_bytes,
+                      "pdmesh.kv.skipped_bytes": skipped_bytes,
                       "pdmesh.kv.format": member.wire.name,
                       "pdmesh.kv.backend": "nixl-ucx", "pdmesh.kv.writes": len(job.transfers) + 1,
                       "pdmesh.peer": job.peer.member.name}
@@ -234,8 +259,11 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
             key=info.key,
             status=cpb.TRANSFER_OK,
             first_token=first,
-            pages_written=len(dst),
+            pages_written=moved_pages,
             bytes_written=wire_bytes,
+            cached_tokens=first_chunk,
+            computed_tokens=n - first_chunk,
+            bytes_skipped=skipped_bytes,
             transfer_seconds=elapsed,
             prefill=self.ref(),
             decode=info.decode,
@@ -244,6 +272,9 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
         )
         self.metrics.transfer_seconds.observe(elapsed)
         self.metrics.transfer_bytes.observe(result.bytes_written)
+        self.metrics.transfer_bytes_skipped.observe(skipped_bytes)
+        self.counters.kv_bytes_moved_total += wire_bytes
+        self.counters.kv_bytes_skipped_total += skipped_bytes
         self.metrics.transfer_descriptors.observe(descriptors)
         if final.gbps is not None:
             self.metrics.transfer_gbps.observe(final.gbps)
@@ -279,6 +310,12 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
                 await anyio.to_thread.run_sync(wire.pack, src, last_page_tokens)
 
     def _write(self, job: Job, pages: range, dst: list[int], notif: bytes | None):
+        if not pages:  # the decode holds every page: the KvReady travels alone
+            agent = self.member.agent
+            transfer = agent.notify(job.peer.agent_name, notif) if notif else Notified()
+            job.transfers.append(transfer)
+            job.room.transition(RoomState.TRANSFERRING, time.monotonic())
+            return transfer
         src = [job.pages[i] for i in pages]
         dst_pages = [dst[i] for i in pages]
         transfer = self.member.agent.write_pages(
@@ -302,7 +339,11 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
                           for t in job.transfers])  # a list: every write is fenced
         finally:  # whatever a fence raised, the room ends; only unfenced pages are kept
             if fenced:
-                self.member.pool.free(job.pages)
+                pool = self.member.pool
+                if job.room.state is RoomState.SUCCESS:  # every page computed, writes fenced
+                    pool.seal(job.pages)
+                    pool.publish(job.tokens, job.pages)
+                pool.free(job.pages)
             else:
                 log.error("room %s: writes not fenced; %d pages withheld",
                           job.key, len(job.pages))

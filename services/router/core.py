@@ -411,7 +411,8 @@ class _Legs:
         )
         self.decode_call = pair.decode.stub.Generate(
             dpb.DecodeRequest(
-                key=key, prompt_tokens=len(prompt), sampling=sampling, prefill=pair.prefill.ref
+                key=key, prompt_tokens=len(prompt), sampling=sampling, prefill=pair.prefill.ref,
+                prompt_token_ids=prompt,
             ),
             timeout=deadline - time.monotonic(),
             metadata=outgoing_metadata(span=self.decode_span),
@@ -444,6 +445,14 @@ class _Legs:
                     progress.stage = "prefill"  # out of the prefill's queue, computing
                 else:
                     progress.stage = "transfer"
+            if result is not None:  # the prefix caches' share of this prompt, for the trace
+                held = first.transfer.held_pages * pair.decode.member.layout.page_size
+                trace.get_current_span().set_attributes({
+                    "pdmesh.prompt.cached_tokens": result.cached_tokens,
+                    "pdmesh.prompt.computed_tokens": result.computed_tokens,
+                    "pdmesh.kv.moved_tokens": max(0, len(prompt) - held),
+                    "pdmesh.kv.held_tokens": min(held, len(prompt)),
+                })
         if result is None or result.status != cpb.TRANSFER_OK:
             why = result.error if result is not None else "no TransferResult"
             raise MeshError(f"prefill failed: {why}")
