@@ -133,6 +133,7 @@ def start_mesh(
     router is registered; for meshes that must not be able to serve (e.g. members whose KV
     layouts do not pair), whose /health stays 503.
     """
+    up_args = _with_tls(tmp, list(up_args or []))
     http_port, grpc_port, boot = free_ports(3)
     log_path = tmp / f"mesh-{Path(model).name}-{prefill}x{decode}.log"  # model may be a path
     # The mesh gets SIGTERM if this process dies (a crashed test run must not leave a mesh
@@ -145,7 +146,7 @@ def start_mesh(
             "--dtype", dtype,
             "--prefill", str(prefill), "--decode", str(decode),
             "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-            "--bootstrap-port", str(boot), *(up_args or []),
+            "--bootstrap-port", str(boot), *up_args,
         ],
         stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env,
     )
@@ -159,6 +160,31 @@ def start_mesh(
         time.sleep(0.5)
     mesh.stop()
     raise TimeoutError(f"mesh not healthy in {timeout}s:\n{mesh.log()[-4000:]}")
+
+
+_certs: Path | None = None
+
+
+def _with_tls(tmp: Path, up_args: list[str]) -> list[str]:
+    """Run the mesh as `pdmesh up` does by default, mutual TLS on every hop, and make this
+    process its client: PDMESH_TLS_* name the client certificate (status(), every
+    GenerateClient, the CLI children inherit them). One certificate set per process, so
+    starting a mesh costs no key generation; `--insecure` in up_args clears them instead."""
+    global _certs
+    from libs.rpc.tls import CA_ENV, CERT_ENV, KEY_ENV
+    from pdmesh.certs import role_env, write_set
+
+    if "--insecure" in up_args:
+        for name in (CERT_ENV, KEY_ENV, CA_ENV):
+            os.environ.pop(name, None)
+        return up_args
+    if "--certs" not in up_args:
+        if _certs is None or not _certs.exists():
+            _certs = write_set(tmp / "certs")
+        up_args = ["--certs", str(_certs), *up_args]
+    directory = Path(up_args[up_args.index("--certs") + 1])
+    os.environ.update(role_env(directory, "client"))
+    return up_args
 
 
 def _health(port: int) -> bool:
