@@ -387,6 +387,15 @@ def _exit_without_teardown(code: int) -> None:
     os._exit(code)
 
 
+def _hint(error) -> str:
+    """For UNAVAILABLE: the TLS mismatch it may be (libs.rpc.tls.unavailable_hint)."""
+    import grpc
+
+    from libs.rpc.tls import unavailable_hint
+
+    return f"; {unavailable_hint()}" if error.code() == grpc.StatusCode.UNAVAILABLE else ""
+
+
 def _status(args: argparse.Namespace) -> int:
     import anyio
     import grpc
@@ -396,8 +405,8 @@ def _status(args: argparse.Namespace) -> int:
     try:
         status = anyio.run(collect, args.bootstrap)
     except grpc.aio.AioRpcError as e:
-        print(f"pdmesh status: bootstrap {args.bootstrap} unreachable ({e.code().name})",
-              file=sys.stderr)
+        print(f"pdmesh status: bootstrap {args.bootstrap} unreachable ({e.code().name}"
+              f"{_hint(e)})", file=sys.stderr)
         return 1
     print(to_json(status) if args.json else render(status))
     return 0
@@ -416,7 +425,7 @@ def _debug_dump(args: argparse.Namespace) -> int:
         print(f"pdmesh debug dump: {e.args[0]}", file=sys.stderr)
         return 1
     except grpc.aio.AioRpcError as e:
-        print(f"pdmesh debug dump: {e.code().name}: {e.details()}", file=sys.stderr)
+        print(f"pdmesh debug dump: {e.code().name}: {e.details()}{_hint(e)}", file=sys.stderr)
         return 1
     print(MessageToJson(reply) if args.json else render_dump(reply))
     return 0
@@ -447,7 +456,7 @@ def _generate(args: argparse.Namespace) -> int:
     try:
         return anyio.run(go)
     except grpc.aio.AioRpcError as e:
-        print(f"pdmesh generate: {e.code().name}: {e.details()}", file=sys.stderr)
+        print(f"pdmesh generate: {e.code().name}: {e.details()}{_hint(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

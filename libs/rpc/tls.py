@@ -162,9 +162,14 @@ def peer_role(context) -> str | None:
     return role_of(x509.load_pem_x509_certificate(pems[0]))
 
 
-def describe(config: TlsConfig | None) -> str:
-    """How this process talks, for error messages about a refused connection."""
+def unavailable_hint() -> str:
+    """Why a peer may be UNAVAILABLE besides being down: a TLS mismatch fails the handshake
+    at once (typed UNAVAILABLE, never a hang) and grpc's own message does not say so."""
+    try:
+        config = from_env()
+    except TlsError:
+        config = None
     if config is None:
-        return "this process runs plaintext (no --tls-cert): the peer may require TLS"
-    return f"this process uses TLS ({config.role} certificate): the peer may be plaintext " \
-           "or trust another CA"
+        return "down, or it requires TLS and this process runs plaintext (no --tls-cert)"
+    return (f"down, or a TLS mismatch: this process uses TLS ({config.role} certificate) "
+            "and the peer runs plaintext or trusts another CA")
