@@ -22,7 +22,7 @@ from libs.rpc.options import CLIENT_OPTIONS
 def open_channel(address: str) -> grpc.aio.Channel:
     """A channel with pdmesh's keepalives, mutual TLS when this process has a certificate
     (libs.rpc.tls); create it inside the running loop."""
-    config = tls.from_env()
+    config = tls.client_config()
     if config is None:
         return grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
     return grpc.aio.secure_channel(address, tls.channel_credentials(config),

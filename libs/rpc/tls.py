@@ -134,6 +134,23 @@ def from_env(env: Mapping[str, str] | None = None) -> TlsConfig | None:
     return _cache[paths]
 
 
+_client_override: TlsConfig | None = None
+
+
+def use_for_clients(config: TlsConfig | None) -> None:
+    """Make this process a client of a mesh without touching its environment: channels
+    use `config` where no PDMESH_TLS_* is set; servers and child processes are unaffected
+    (pdmesh.localmesh, for the tests and benchmarks that start meshes in-process)."""
+    global _client_override
+    _client_override = config
+
+
+def client_config() -> TlsConfig | None:
+    """What a channel of this process presents: the environment's config, else the one
+    use_for_clients set."""
+    return from_env() or _client_override
+
+
 def require_role(config: TlsConfig, role: str) -> None:
     """A service refuses to start with a certificate made for another role."""
     if config.role != role:

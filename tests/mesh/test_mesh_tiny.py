@@ -278,7 +278,7 @@ def test_debug_dump_shows_threads_and_tasks_of_a_live_member(tiny_mesh):
         return subprocess.run(
             [sys.executable, "-m", "pdmesh.cli", "debug", "dump", member,
              "--bootstrap", tiny_mesh.bootstrap, "--json"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True, text=True, timeout=60, env=tiny_mesh.env(),
         )
 
     out = dump("decode-0")

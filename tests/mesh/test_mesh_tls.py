@@ -27,10 +27,9 @@ from pdmesh.v1 import prefill_pb2 as ppb
 from pdmesh.v1 import prefill_pb2_grpc as pgrpc
 
 
-def mesh_config(role: str) -> tls.TlsConfig:
-    """A certificate of the mesh's own set (the client's env names the set's directory)."""
-    directory = os.path.dirname(os.environ[tls.CA_ENV])
-    config = tls.from_env(role_env(directory, role))
+def mesh_config(mesh, role: str) -> tls.TlsConfig:
+    """A certificate of the mesh's own set."""
+    config = tls.from_env(role_env(mesh.certs, role))
     assert config is not None
     return config
 
@@ -44,7 +43,7 @@ def channel(address: str, config: tls.TlsConfig | None) -> grpc.aio.Channel:
 
 async def members(mesh) -> tuple[dict[str, int], list[bpb.Member]]:
     """name -> epoch, and the members, as a client of the mesh's CA reads them."""
-    ch = channel(mesh.bootstrap, mesh_config("client"))
+    ch = channel(mesh.bootstrap, mesh_config(mesh, "client"))
     try:
         reply = await unary(bgrpc.BootstrapStub(ch).ListMembers, bpb.ListMembersRequest(),
                             timeout=10)
@@ -65,12 +64,12 @@ async def register(mesh, config, member: bpb.Member) -> grpc.StatusCode:
         await ch.close()
 
 
-def foreign(tmp_path, role: str, trust_ours: bool) -> tls.TlsConfig:
+def foreign(mesh, tmp_path, role: str, trust_ours: bool) -> tls.TlsConfig:
     """A `role` certificate of another CA; trusting the mesh's CA (so only the mesh's
     check of the client certificate can refuse it) when `trust_ours`."""
     other = new_authority()
     cert, key = issue(other, role, ["127.0.0.1"])
-    ca = mesh_config("client").ca if trust_ours else other.cert.public_bytes(Encoding.PEM)
+    ca = mesh_config(mesh, "client").ca if trust_ours else other.cert.public_bytes(Encoding.PEM)
     return tls.TlsConfig(cert_path=str(tmp_path / "foreign.pem"), cert=cert, key=key, ca=ca,
                          role=role)
 
@@ -83,15 +82,15 @@ async def test_only_a_certificate_of_the_role_registered_joins(tiny_mesh, tmp_pa
     intruder.name, intruder.epoch = "intruder", 0
     refusals = {
         "no certificate": (None, intruder),
-        "another CA": (foreign(tmp_path, "decode", trust_ours=True), intruder),
-        "a client certificate": (mesh_config("client"), intruder),
-        "a router certificate": (mesh_config("router"), intruder),
-        "a prefill certificate": (mesh_config("prefill"), intruder),
+        "another CA": (foreign(tiny_mesh, tmp_path, "decode", trust_ours=True), intruder),
+        "a client certificate": (mesh_config(tiny_mesh, "client"), intruder),
+        "a router certificate": (mesh_config(tiny_mesh, "router"), intruder),
+        "a prefill certificate": (mesh_config(tiny_mesh, "prefill"), intruder),
     }
     takeover = bpb.Member()
     takeover.CopyFrom(next(m for m in listed if m.role == cpb.PREFILL))
     takeover.name = decode.name  # a prefill's certificate claiming the decode's name
-    refusals["a prefill taking a decode's name"] = (mesh_config("prefill"), takeover)
+    refusals["a prefill taking a decode's name"] = (mesh_config(tiny_mesh, "prefill"), takeover)
     codes = {why: await register(tiny_mesh, config, member)
              for why, (config, member) in refusals.items()}
     assert codes == {
@@ -105,8 +104,9 @@ async def test_only_a_certificate_of_the_role_registered_joins(tiny_mesh, tmp_pa
     after, _ = await members(tiny_mesh)
     assert after == before  # no state: same names, same epochs
     # the check is the role, not a blanket refusal: a decode certificate registers
-    assert await register(tiny_mesh, mesh_config("decode"), intruder) == grpc.StatusCode.OK
-    ch = channel(tiny_mesh.bootstrap, mesh_config("decode"))
+    decode_cert = mesh_config(tiny_mesh, "decode")
+    assert await register(tiny_mesh, decode_cert, intruder) == grpc.StatusCode.OK
+    ch = channel(tiny_mesh.bootstrap, mesh_config(tiny_mesh, "decode"))
     try:
         await unary(bgrpc.BootstrapStub(ch).Deregister, bpb.DeregisterRequest(
             member=cpb.PeerRef(name="intruder", epoch=(await members(tiny_mesh))[0]["intruder"])),
@@ -117,7 +117,7 @@ async def test_only_a_certificate_of_the_role_registered_joins(tiny_mesh, tmp_pa
 
 
 async def test_a_client_without_a_certificate_learns_no_metadata(tiny_mesh, tmp_path):
-    for config in (None, foreign(tmp_path, "client", trust_ours=False)):
+    for config in (None, foreign(tiny_mesh, tmp_path, "client", trust_ours=False)):
         ch = channel(tiny_mesh.bootstrap, config)
         try:
             with pytest.raises(grpc.aio.AioRpcError) as listed:
@@ -147,7 +147,8 @@ async def test_a_forged_transfer_info_moves_no_byte(tiny_mesh):
                                  transfer=forged, sampling=cpb.SamplingParams(top_p=1,
                                                                               max_tokens=1))
     codes = {}
-    for who, config in (("no certificate", None), ("a client of the CA", mesh_config("client"))):
+    client = mesh_config(tiny_mesh, "client")
+    for who, config in (("no certificate", None), ("a client of the CA", client)):
         ch = channel(prefill.address, config)
         try:
             with pytest.raises(grpc.aio.AioRpcError) as err:
