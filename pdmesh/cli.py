@@ -184,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     services = [p for name, p in sub.choices.items()
                 if name in ("bootstrap", "prefill", "decode", "router")]
-    for command in (*services, status, dump, gen, storm):
+    for command in (*services, status, dump, gen, storm, bench):  # bench: --router/--bootstrap
         _add_tls_arguments(command)
 
     for command in (up, gen, storm, bench):

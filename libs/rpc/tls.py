@@ -134,21 +134,21 @@ def from_env(env: Mapping[str, str] | None = None) -> TlsConfig | None:
     return _cache[paths]
 
 
-_client_override: TlsConfig | None = None
+_client_override: tuple[TlsConfig | None] | None = None
 
 
 def use_for_clients(config: TlsConfig | None) -> None:
-    """Make this process a client of a mesh without touching its environment: channels
-    use `config` where no PDMESH_TLS_* is set; servers and child processes are unaffected
-    (pdmesh.localmesh, for the tests and benchmarks that start meshes in-process)."""
+    """Make this process a client of a mesh it started, without touching its environment:
+    channels use `config` (None: plaintext) instead of PDMESH_TLS_*; servers and child
+    processes are unaffected (pdmesh.localmesh, for tests and benchmarks)."""
     global _client_override
-    _client_override = config
+    _client_override = (config,)
 
 
 def client_config() -> TlsConfig | None:
-    """What a channel of this process presents: the environment's config, else the one
-    use_for_clients set."""
-    return from_env() or _client_override
+    """What a channel of this process presents: the config use_for_clients set, else the
+    environment's."""
+    return _client_override[0] if _client_override is not None else from_env()
 
 
 def require_role(config: TlsConfig, role: str) -> None:

@@ -8,7 +8,14 @@ client holding a certificate of the mesh's CA (the decode's HMAC grant)."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import anyio
 import grpc
@@ -19,7 +26,7 @@ from libs.rpc import tls
 from libs.rpc.calls import unary
 from libs.rpc.options import CLIENT_OPTIONS
 from pdmesh.certs import issue, new_authority, role_env, write_set
-from pdmesh.localmesh import wait_quiet
+from pdmesh.localmesh import free_ports, wait_quiet
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
 from pdmesh.v1 import common_pb2 as cpb
@@ -171,3 +178,42 @@ def test_write_set_is_private(tmp_path):
     assert directory.stat().st_mode & 0o777 == 0o700
     for key in directory.glob("*.key"):
         assert key.stat().st_mode & 0o777 == 0o600
+
+
+def test_up_makes_a_private_set_hands_it_out_and_removes_it(tmp_path):
+    """`pdmesh up` without --certs: a fresh set in a 0700 directory, the client's
+    variables in its log (a client with them reads the mesh, one without cannot), and the
+    directory gone once the mesh has stopped."""
+    http, grpc_port, boot = free_ports(3)
+    log_path = tmp_path / "up.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PDMESH_TLS_")}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pdmesh.cli", "up", "--model", "tiny", "--http-port", str(http),
+         "--grpc-port", str(grpc_port), "--bootstrap-port", str(boot)],
+        stdout=log_path.open("w"), stderr=subprocess.STDOUT,
+        env={**env, "PDMESH_PARENT_PID": str(os.getpid())})
+    try:
+        deadline = time.monotonic() + 120
+        while "mesh ready" not in log_path.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.5)
+        found = re.search(r"certificates in (\S+) \(removed at exit\)", log_path.read_text())
+        assert found, log_path.read_text()
+        directory = Path(found.group(1))
+        assert directory.stat().st_mode & 0o777 == 0o700
+        client = dict(re.findall(r"(PDMESH_TLS_\w+)=(\S+)", log_path.read_text()))
+
+        def status(extra):
+            return subprocess.run([sys.executable, "-m", "pdmesh.cli", "status", "--json",
+                                   "--bootstrap", f"127.0.0.1:{boot}"], capture_output=True,
+                                  text=True, timeout=60, env={**env, **extra})
+
+        shown = status(client)
+        assert shown.returncode == 0, shown.stderr
+        assert {m["role"] for m in json.loads(shown.stdout)["members"]} >= {"prefill", "decode"}
+        refused = status({})
+        assert refused.returncode == 1 and "requires TLS" in refused.stderr
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    assert not directory.exists()
