@@ -319,9 +319,13 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from pdmesh import meshcerts
 
-        with meshcerts.for_up(args.certs, args.insecure, args.host) as certs_dir:
-            plan.certs = certs_dir
-            return _run_up(args, plan)
+        try:
+            with meshcerts.for_up(args.certs, args.insecure, args.host) as certs_dir:
+                plan.certs = certs_dir
+                return _run_up(args, plan)
+        except meshcerts.CertsError as e:
+            print(f"pdmesh up: {e}", file=sys.stderr)
+            return 2
     if args.command == "certs":
         from pdmesh import certs as certs_mod
 

@@ -32,7 +32,11 @@ def check_set(directory: Path) -> None:
             assert config is not None
             tls.require_role(config, role)
         except tls.TlsError as e:
-            raise CertsError(f"--certs {directory}: {e}") from None
+            message = str(e)  # names the file; the --tls-* flags are not what was given
+            for flag, env in (("--tls-cert", tls.CERT_ENV), ("--tls-key", tls.KEY_ENV),
+                              ("--tls-ca", tls.CA_ENV)):
+                message = message.replace(f"{flag} (${env}) ", "")
+            raise CertsError(f"--certs {directory}: {message}") from None
 
 
 @contextmanager

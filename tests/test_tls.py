@@ -141,3 +141,14 @@ def test_tls_and_plaintext_refuse_each_other_in_one_line(certs, server_tls, clie
     finally:
         process.terminate()
         process.wait(10)
+
+
+def test_up_with_a_certs_dir_lacking_a_role_is_one_line_before_anything_starts(certs, tmp_path):
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for name in ("ca.pem", "bootstrap.pem", "bootstrap.key"):
+        (partial / name).write_bytes((certs / name).read_bytes())
+    out = _cli("up", "--model", "tiny", "--certs", str(partial))
+    assert out.returncode == 2
+    assert out.stderr.strip() == (f"pdmesh up: --certs {partial}: {partial}/prefill.pem: "
+                                  "No such file or directory")
