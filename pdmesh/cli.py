@@ -226,6 +226,9 @@ def _take_tls(args: argparse.Namespace) -> str | None:
     if config is None and getattr(args, "service", None) is not None:
         import logging
 
+        from libs.rpc.runtime import setup_logging
+
+        setup_logging(args.command)  # run_service's own call then changes nothing
         logging.getLogger("pdmesh").warning(
             "TLS is off (no --tls-cert): this %s serves and calls plaintext gRPC", args.command)
     return None
@@ -317,8 +320,10 @@ def main(argv: list[str] | None = None) -> int:
         if refusal:
             print(f"pdmesh up: --device {args.device}: {refusal}", file=sys.stderr)
             return 2
+        from libs.rpc.runtime import setup_logging
         from pdmesh import meshcerts
 
+        setup_logging("up")  # for_up logs where the certificates are, or --insecure's warning
         try:
             with meshcerts.for_up(args.certs, args.insecure, args.host) as certs_dir:
                 plan.certs = certs_dir
