@@ -46,8 +46,8 @@ def _check_identity(role: int, context) -> None:
     wanted = cpb.Role.Name(role).lower()
     if peer != wanted:
         raise RpcError(grpc.StatusCode.PERMISSION_DENIED,
-                       f"a {wanted} must register with a {wanted} certificate; the caller's "
-                       f"certificate names role {peer or 'none'}")
+                       f"only a {wanted} certificate may register, renew or remove a {wanted}; "
+                       f"the caller's certificate names role {peer or 'none'}")
 
 
 class BootstrapService(bgrpc.BootstrapServicer):
