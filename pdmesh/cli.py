@@ -25,6 +25,7 @@ pdmesh: a prefill/decode-disaggregated LLM serving mesh.
   pdmesh generate PROMPT     stream a completion through the router's gRPC API
   pdmesh storm               abort|agentic|cascade|restart storms: timeline and verdict
   pdmesh bench               the mesh against transformers (starts its own mesh)
+  pdmesh certs DIR           a development CA and a certificate per role (mutual TLS)
   pdmesh traces [ID]         recent requests (--aborted, --reason, --since, --slowest) or
                              one request's span tree, from `pdmesh up --trace-store`
 """
@@ -120,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="its OTLP/gRPC port (default a free one)")
     up.add_argument("--trace-store-max-spans", type=int, default=200_000,
                     help="spans kept; the oldest are dropped past it (200000)")
+    up.add_argument("--certs", default=None, metavar="DIR",
+                    help="mutual TLS with the certificates `pdmesh certs DIR` wrote (default: "
+                    "a fresh set in a private directory removed at exit)")
+    up.add_argument("--insecure", action="store_true",
+                    help="plaintext gRPC on every hop: no certificates, anyone who reaches a "
+                    "port can register or read the mesh (logs a warning)")
     up.add_argument("--faults", default=None, metavar="SPEC",
                     help="TEST ONLY: fault injection points for prefills and decodes "
                     "(see pdmesh prefill --help; default none)")
@@ -173,7 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
     from pdmesh import bench as bench_mod
 
     bench_mod.add_arguments(bench)
+    certs = sub.add_parser("certs", help="write a development CA and per-role certificates")
+    from pdmesh import certs as certs_mod
+
+    certs_mod.add_arguments(certs)
     from pdmesh.client import API_KEY_ENV
+
+    services = [p for name, p in sub.choices.items()
+                if name in ("bootstrap", "prefill", "decode", "router")]
+    for command in (*services, status, dump, gen, storm, bench):  # bench: --router/--bootstrap
+        _add_tls_arguments(command)
 
     for command in (up, gen, storm, bench):
         command.add_argument(
@@ -181,6 +197,45 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"the router's API key (default ${API_KEY_ENV}); `up` hands it to its router",
         )
     return parser
+
+
+def _add_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    from libs.rpc.tls import CA_ENV, CERT_ENV, KEY_ENV
+
+    group = parser.add_argument_group("mutual TLS (all three, or none for plaintext)")
+    for flag, env, what in (("--tls-cert", CERT_ENV, "this process's certificate (PEM)"),
+                            ("--tls-key", KEY_ENV, "its private key (PEM)"),
+                            ("--tls-ca", CA_ENV, "the CA every peer's certificate is signed by")):
+        group.add_argument(flag, default=None, metavar="FILE", help=f"{what} (default ${env})")
+
+
+def _take_tls(args: argparse.Namespace) -> str | None:
+    """Move --tls-* into the environment (where open_channel, the servers and the span
+    exporter read them) and check the files: a one-line refusal, or None."""
+    from libs.rpc import tls
+
+    for flag, env in (("tls_cert", tls.CERT_ENV), ("tls_key", tls.KEY_ENV),
+                      ("tls_ca", tls.CA_ENV)):
+        value = getattr(args, flag, None)
+        if value:
+            os.environ[env] = value
+    if not hasattr(args, "tls_cert"):
+        return None
+    try:
+        config = tls.from_env()
+        if config is not None and getattr(args, "service", None) is not None:
+            tls.require_role(config, args.command)
+    except tls.TlsError as e:
+        return str(e)
+    if config is None and getattr(args, "service", None) is not None:
+        import logging
+
+        from libs.rpc.runtime import setup_logging
+
+        setup_logging(args.command)  # run_service's own call then changes nothing
+        logging.getLogger("pdmesh").warning(
+            "TLS is off (no --tls-cert): this %s serves and calls plaintext gRPC", args.command)
+    return None
 
 
 def _take_api_key(args: argparse.Namespace) -> None:
@@ -228,14 +283,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _take_api_key(args)
+    refusal = _take_tls(args)
+    if refusal:
+        from libs.member.serve import EXIT_CANNOT_START
+
+        print(f"pdmesh {args.command}: {refusal}", file=sys.stderr)
+        return EXIT_CANNOT_START
     _die_with_parent()
     if getattr(args, "service", None) is not None:
         from libs.rpc.runtime import run_service
 
         _exit_without_teardown(run_service(args.command, lambda: args.service.serve(args)))
     if args.command == "up":
-        from libs.rpc.runtime import run_service
-        from pdmesh.supervisor import Plan, supervise
+        from pdmesh.supervisor import Plan
 
         plan = Plan(
             model=args.model, device=args.device, dtype=args.dtype, weights=args.weights,
@@ -264,21 +324,21 @@ def main(argv: list[str] | None = None) -> int:
         if refusal:
             print(f"pdmesh up: --device {args.device}: {refusal}", file=sys.stderr)
             return 2
-        if args.trace_store is None:
-            return run_service("up", lambda: supervise(plan))
-        from pdmesh import tracestore
+        from libs.rpc.runtime import setup_logging
+        from pdmesh import meshcerts
 
-        store, port = tracestore.serve(
-            args.trace_store, args.host, args.trace_store_port, args.trace_store_max_spans
-        )
-        # the children inherit it; an operator's own collector wins
-        os.environ.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://{args.host}:{port}")
-        os.environ.setdefault("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
-        print(f"trace store: {args.trace_store} (OTLP/gRPC on {args.host}:{port})", flush=True)
+        setup_logging("up")  # for_up logs where the certificates are, or --insecure's warning
         try:
-            return run_service("up", lambda: supervise(plan))
-        finally:
-            store.stop(2).wait()
+            with meshcerts.for_up(args.certs, args.insecure, args.host) as certs_dir:
+                plan.certs = certs_dir
+                return _run_up(args, plan)
+        except meshcerts.CertsError as e:
+            print(f"pdmesh up: {e}", file=sys.stderr)
+            return 2
+    if args.command == "certs":
+        from pdmesh import certs as certs_mod
+
+        return certs_mod.main(args)
     if args.command == "status":
         return _status(args)
     if args.command == "generate":
@@ -301,6 +361,29 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
+def _run_up(args: argparse.Namespace, plan) -> int:
+    """Run the supervisor, beside the embedded trace store when --trace-store asks."""
+    from libs.rpc.runtime import run_service
+    from pdmesh.supervisor import supervise
+
+    if args.trace_store is None:
+        return run_service("up", lambda: supervise(plan))
+    from pdmesh import tracestore
+
+    store, port = tracestore.serve(
+        args.trace_store, args.host, args.trace_store_port, args.trace_store_max_spans
+    )
+    scheme = "http" if plan.certs is None else "https"  # https: the children's certificates
+    # the children inherit it; an operator's own collector wins
+    os.environ.setdefault("OTEL_EXPORTER_OTLP_ENDPOINT", f"{scheme}://{args.host}:{port}")
+    os.environ.setdefault("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    print(f"trace store: {args.trace_store} (OTLP/gRPC on {args.host}:{port})", flush=True)
+    try:
+        return run_service("up", lambda: supervise(plan))
+    finally:
+        store.stop(2).wait()
+
+
 def _exit_without_teardown(code: int) -> None:
     """End a service that has stopped cleanly (its servers stopped, deregistered, spans
     flushed, its NIXL agent closed with every transfer handle accounted for: see
@@ -317,6 +400,15 @@ def _exit_without_teardown(code: int) -> None:
     os._exit(code)
 
 
+def _hint(error) -> str:
+    """For UNAVAILABLE: the TLS mismatch it may be (libs.rpc.tls.unavailable_hint)."""
+    import grpc
+
+    from libs.rpc.tls import unavailable_hint
+
+    return f"; {unavailable_hint()}" if error.code() == grpc.StatusCode.UNAVAILABLE else ""
+
+
 def _status(args: argparse.Namespace) -> int:
     import anyio
     import grpc
@@ -326,8 +418,8 @@ def _status(args: argparse.Namespace) -> int:
     try:
         status = anyio.run(collect, args.bootstrap)
     except grpc.aio.AioRpcError as e:
-        print(f"pdmesh status: bootstrap {args.bootstrap} unreachable ({e.code().name})",
-              file=sys.stderr)
+        print(f"pdmesh status: bootstrap {args.bootstrap} unreachable ({e.code().name}"
+              f"{_hint(e)})", file=sys.stderr)
         return 1
     print(to_json(status) if args.json else render(status))
     return 0
@@ -346,7 +438,7 @@ def _debug_dump(args: argparse.Namespace) -> int:
         print(f"pdmesh debug dump: {e.args[0]}", file=sys.stderr)
         return 1
     except grpc.aio.AioRpcError as e:
-        print(f"pdmesh debug dump: {e.code().name}: {e.details()}", file=sys.stderr)
+        print(f"pdmesh debug dump: {e.code().name}: {e.details()}{_hint(e)}", file=sys.stderr)
         return 1
     print(MessageToJson(reply) if args.json else render_dump(reply))
     return 0
@@ -377,7 +469,7 @@ def _generate(args: argparse.Namespace) -> int:
     try:
         return anyio.run(go)
     except grpc.aio.AioRpcError as e:
-        print(f"pdmesh generate: {e.code().name}: {e.details()}", file=sys.stderr)
+        print(f"pdmesh generate: {e.code().name}: {e.details()}{_hint(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -69,6 +69,16 @@ class Mesh:
     grpc_port: int
     bootstrap_port: int
     model: str
+    certs: Path | None = None  # the `pdmesh certs` set it runs with; None: --insecure
+
+    def env(self, role: str = "client") -> dict[str, str]:
+        """os.environ plus PDMESH_TLS_* for `role` (a CLI client, or a member that joins
+        this mesh); without the TLS variables for an insecure mesh."""
+        from libs.rpc.tls import CA_ENV, CERT_ENV, KEY_ENV
+        from pdmesh.certs import role_env
+
+        env = {k: v for k, v in os.environ.items() if k not in (CERT_ENV, KEY_ENV, CA_ENV)}
+        return env if self.certs is None else {**env, **role_env(self.certs, role)}
 
     @property
     def base_url(self) -> str:
@@ -92,7 +102,7 @@ class Mesh:
     def status_cli(self) -> dict:
         out = subprocess.run(
             [sys.executable, "-m", "pdmesh.cli", "status", "--json", "--bootstrap", self.bootstrap],
-            capture_output=True, text=True, timeout=60, check=True,
+            capture_output=True, text=True, timeout=60, check=True, env=self.env(),
         )
         return json.loads(out.stdout)
 
@@ -133,6 +143,7 @@ def start_mesh(
     router is registered; for meshes that must not be able to serve (e.g. members whose KV
     layouts do not pair), whose /health stays 503.
     """
+    up_args, certs = _with_tls(tmp, list(up_args or []))
     http_port, grpc_port, boot = free_ports(3)
     log_path = tmp / f"mesh-{Path(model).name}-{prefill}x{decode}.log"  # model may be a path
     # The mesh gets SIGTERM if this process dies (a crashed test run must not leave a mesh
@@ -145,11 +156,11 @@ def start_mesh(
             "--dtype", dtype,
             "--prefill", str(prefill), "--decode", str(decode),
             "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-            "--bootstrap-port", str(boot), *(up_args or []),
+            "--bootstrap-port", str(boot), *up_args,
         ],
         stdout=log_path.open("w"), stderr=subprocess.STDOUT, env=env,
     )
-    mesh = Mesh(process, log_path, http_port, grpc_port, boot, model)
+    mesh = Mesh(process, log_path, http_port, grpc_port, boot, model, certs)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -159,6 +170,31 @@ def start_mesh(
         time.sleep(0.5)
     mesh.stop()
     raise TimeoutError(f"mesh not healthy in {timeout}s:\n{mesh.log()[-4000:]}")
+
+
+_certs: Path | None = None
+
+
+def _with_tls(tmp: Path, up_args: list[str]) -> tuple[list[str], Path | None]:
+    """Run the mesh as `pdmesh up` does by default, mutual TLS on every hop, and make this
+    process its client (libs.rpc.tls.use_for_clients: status(), every GenerateClient;
+    the environment is left alone, so a service or server this process starts is not
+    handed a client's certificate). One certificate set per process, so starting a mesh
+    costs no key generation. `--insecure` in up_args: plaintext, no client certificate."""
+    global _certs
+    from libs.rpc import tls
+    from pdmesh.certs import role_env, write_set
+
+    if "--insecure" in up_args:
+        tls.use_for_clients(None)
+        return up_args, None
+    if "--certs" not in up_args:
+        if _certs is None or not _certs.exists():
+            _certs = write_set(tmp / "certs")
+        up_args = ["--certs", str(_certs), *up_args]
+    directory = Path(up_args[up_args.index("--certs") + 1])
+    tls.use_for_clients(tls.from_env(role_env(directory, "client")))
+    return up_args, directory
 
 
 def _health(port: int) -> bool:

@@ -22,6 +22,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import anyio
 from anyio.abc import Process
@@ -42,6 +43,7 @@ class ChildCannotStart(Exception):
 class Child:
     name: str
     argv: list[str]
+    role: str = ""
     restarts: int = 0
     process: Process | None = None
     started_at: float = 0.0
@@ -63,6 +65,7 @@ class Plan:
     bootstrap_port: int = 50050
     gpu_memory_fraction: float = sizing.DEFAULT_GPU_MEMORY_FRACTION  # of the GPU, all members
     extra: dict[str, list[str]] = field(default_factory=dict)
+    certs: Path | None = None  # a `pdmesh certs` set: each child gets its role's certificate
 
     @property
     def bootstrap(self) -> str:
@@ -82,19 +85,27 @@ class Plan:
         if sizing.is_cuda(self.device):
             member += ["--gpu-memory-fraction", f"{self.member_memory_fraction:.6g}"]
         out = [Child("bootstrap", [*base, "bootstrap", "--host", self.host,
-                                   "--port", str(self.bootstrap_port)])]
+                                   "--port", str(self.bootstrap_port)], "bootstrap")]
         for i in range(self.prefill):
             out.append(Child(f"prefill-{i}", [*base, "prefill", "--name", f"prefill-{i}", *member,
-                                              *self.extra.get("prefill", [])]))
+                                              *self.extra.get("prefill", [])], "prefill"))
         for i in range(self.decode):
             out.append(Child(f"decode-{i}", [*base, "decode", "--name", f"decode-{i}", *member,
-                                             *self.extra.get("decode", [])]))
+                                             *self.extra.get("decode", [])], "decode"))
         out.append(Child("router", [*base, "router", "--name", "router", *common,
                                     "--model", self.model,
                                     "--http-port", str(self.http_port),
                                     "--grpc-port", str(self.grpc_port),
-                                    *self.extra.get("router", [])]))
+                                    *self.extra.get("router", [])], "router"))
         return out
+
+    def child_env(self, child: Child, env: dict[str, str]) -> dict[str, str]:
+        """`env` with the child's own role certificate when the mesh runs TLS."""
+        if self.certs is None:
+            return env
+        from pdmesh.certs import role_env
+
+        return {**env, **role_env(self.certs, child.role)}
 
 
 async def supervise(plan: Plan) -> None:
@@ -109,7 +120,7 @@ async def supervise(plan: Plan) -> None:
     try:
         async with anyio.create_task_group() as tg:
             for child in children:
-                tg.start_soon(_keep_running, child, env)
+                tg.start_soon(_keep_running, child, plan.child_env(child, env))
                 if child.name == "bootstrap":
                     await anyio.sleep(0.3)  # members retry anyway; this just spares log noise
             tg.start_soon(_announce_ready, plan)

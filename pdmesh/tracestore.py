@@ -18,6 +18,7 @@ import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from libs.rpc.options import SERVER_OPTIONS
+from libs.rpc.server import bind
 
 log = logging.getLogger("pdmesh.tracestore")
 
@@ -156,6 +157,6 @@ def serve(path: str | Path, host: str, port: int, max_spans: int) -> tuple[grpc.
     # on), so a port another process holds fails to bind here instead of being shared.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), options=SERVER_OPTIONS)
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_Receiver(store), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = bind(server, host, port)
     server.start()
     return server, bound

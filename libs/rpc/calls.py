@@ -15,12 +15,18 @@ from typing import Any
 import anyio
 import grpc
 
+from libs.rpc import tls
 from libs.rpc.options import CLIENT_OPTIONS
 
 
 def open_channel(address: str) -> grpc.aio.Channel:
-    """An insecure channel with pdmesh's keepalives; create it inside the running loop."""
-    return grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+    """A channel with pdmesh's keepalives, mutual TLS when this process has a certificate
+    (libs.rpc.tls); create it inside the running loop."""
+    config = tls.client_config()
+    if config is None:
+        return grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+    return grpc.aio.secure_channel(address, tls.channel_credentials(config),
+                                   options=CLIENT_OPTIONS)
 
 
 async def close_channel(channel: grpc.aio.Channel, seconds: float = 1.0) -> None:

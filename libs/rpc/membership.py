@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import anyio
 import grpc
 
+from libs.rpc import tls
 from libs.rpc.calls import open_channel, unary
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
@@ -59,7 +60,9 @@ class Membership:
                     await self._session(stub)
                 except* grpc.aio.AioRpcError as group:
                     codes = {e.code().name for e in group.exceptions}
-                    log.warning("bootstrap %s: %s; retrying", self.address, ", ".join(codes))
+                    hint = f" ({tls.unavailable_hint()})" if "UNAVAILABLE" in codes else ""
+                    log.warning("bootstrap %s: %s%s; retrying", self.address,
+                                ", ".join(codes), hint)
                 self.connected = False
                 await anyio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)

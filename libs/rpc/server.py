@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from libs.rpc import tls
 from libs.rpc.options import SERVER_OPTIONS
 
 
@@ -58,6 +59,15 @@ def service_handler(descriptor: ServiceDescriptor, servicer: object) -> grpc.Gen
     return grpc.method_handlers_generic_handler(descriptor.full_name, handlers)
 
 
+def bind(server: grpc.Server | grpc.aio.Server, host: str, port: int) -> int:
+    """Bind host:port with mutual TLS when this process has a certificate (libs.rpc.tls),
+    plaintext otherwise; returns the port (0: the bind failed)."""
+    config = tls.from_env()
+    if config is None:
+        return server.add_insecure_port(f"{host}:{port}")
+    return server.add_secure_port(f"{host}:{port}", tls.server_credentials(config))
+
+
 @dataclass
 class RunningServer:
     server: grpc.aio.Server
@@ -87,7 +97,7 @@ async def start_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [d.full_name for d, _ in services] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
     reflection.enable_server_reflection(names, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = bind(server, host, port)
     if bound == 0:
         raise OSError(f"could not bind gRPC server to {host}:{port}")
     await server.start()

@@ -39,7 +39,13 @@ def exporter_from_env(env: dict[str, str] | None = None) -> SpanExporter | None:
             raise ValueError(f"OTLP protocol {protocol!r}: pdmesh exports OTLP over gRPC only")
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return OTLPSpanExporter(timeout=EXPORT_TIMEOUT_MS / 1000)
+        from libs.rpc import tls
+
+        # An https endpoint (the embedded trace store of a TLS mesh) is reached with this
+        # process's certificate; an http one stays plaintext.
+        config = tls.from_env(env)
+        credentials = tls.channel_credentials(config) if config is not None else None
+        return OTLPSpanExporter(timeout=EXPORT_TIMEOUT_MS / 1000, credentials=credentials)
     return None
 
 

@@ -7,6 +7,7 @@ import math
 import anyio
 import grpc
 
+from libs.rpc import tls
 from libs.rpc.handlers import RpcError, contained, invalid
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
@@ -34,6 +35,21 @@ def _check_member(member: bpb.Member) -> None:
             )
 
 
+def _check_identity(role: int, context) -> None:
+    """Over TLS a member is registered, kept alive or removed only from a certificate of
+    its role (libs.rpc.tls): a client's or a router's certificate cannot join as a decode,
+    nor a prefill's take over a decode's name. Checked before the registry is touched, so a
+    refusal leaves no state."""
+    if tls.from_env() is None:
+        return  # a plaintext bootstrap (`pdmesh up --insecure`) has no identities to check
+    peer = tls.peer_role(context)
+    wanted = cpb.Role.Name(role).lower()
+    if peer != wanted:
+        raise RpcError(grpc.StatusCode.PERMISSION_DENIED,
+                       f"only a {wanted} certificate may register, renew or remove a {wanted}; "
+                       f"the caller's certificate names role {peer or 'none'}")
+
+
 class BootstrapService(bgrpc.BootstrapServicer):
     def __init__(self, registry: Registry):
         self.registry = registry
@@ -41,6 +57,8 @@ class BootstrapService(bgrpc.BootstrapServicer):
     @contained
     async def Register(self, request, context):
         _check_member(request.member)
+        _check_identity(request.member.role, context)
+        self._check_owner(request.member.name, context)
         try:
             admitted = self.registry.register(request.member)
         except RegistryFull as e:
@@ -48,8 +66,15 @@ class BootstrapService(bgrpc.BootstrapServicer):
         lease_ms = int(self.registry.lease_seconds * 1000)
         return bpb.RegisterReply(epoch=admitted.epoch, lease_ms=lease_ms)
 
+    def _check_owner(self, name: str, context) -> None:
+        """The member registered as `name` (if any) may be touched only by its own role."""
+        for member in self.registry.members():
+            if member.name == name:
+                _check_identity(member.role, context)
+
     @contained
     async def KeepAlive(self, request, context):
+        self._check_owner(request.member.name, context)
         try:
             self.registry.keep_alive(request.member.name, request.member.epoch)
         except StaleEpoch as e:
@@ -58,6 +83,7 @@ class BootstrapService(bgrpc.BootstrapServicer):
 
     @contained
     async def Deregister(self, request, context):
+        self._check_owner(request.member.name, context)
         try:
             self.registry.deregister(request.member.name, request.member.epoch)
         except StaleEpoch as e:

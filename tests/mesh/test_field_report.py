@@ -439,7 +439,7 @@ async def test_status_names_a_pinned_room(bounded_mesh):
         shown = await anyio.to_thread.run_sync(bounded_mesh.status_cli)
         text = await anyio.to_thread.run_sync(lambda: subprocess.run(
             [sys.executable, "-m", "pdmesh.cli", "status", "--bootstrap", bounded_mesh.bootstrap],
-            capture_output=True, text=True, timeout=60).stdout)
+            capture_output=True, text=True, timeout=60, env=bounded_mesh.env()).stdout)
         call.cancel()
     finally:
         await channel.close()
@@ -616,7 +616,7 @@ async def test_m11_a_mismatched_decode_is_refused_not_hung(tiny_mesh, tmp_path):
     odd = subprocess.Popen(
         [sys.executable, "-m", "pdmesh.cli", "decode", "--name", "decode-odd", "--model", "tiny",
          "--page-size", "32", "--kv-pages", "64", "--bootstrap", tiny_mesh.bootstrap],
-        stdout=log, stderr=subprocess.STDOUT,
+        stdout=log, stderr=subprocess.STDOUT, env=tiny_mesh.env("decode"),
     )
     try:
         async def joined():

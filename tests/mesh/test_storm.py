@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 
@@ -13,7 +12,7 @@ from pdmesh.localmesh import start_mesh
 from pdmesh.storm import MODES, add_arguments
 from pdmesh.storm.agentic import Conversation, Plan, compare
 
-ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+ENV_EXTRA = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def storm(mesh, out, *flags: str, timeout: float = 300) -> dict:
@@ -21,7 +20,7 @@ def storm(mesh, out, *flags: str, timeout: float = 300) -> dict:
     run = subprocess.run(
         [sys.executable, "-m", "pdmesh.cli", "storm", "--router", mesh.router,
          "--bootstrap", mesh.bootstrap, "--out", str(out), *flags],
-        capture_output=True, text=True, timeout=timeout, env=ENV,
+        capture_output=True, text=True, timeout=timeout, env={**mesh.env(), **ENV_EXTRA},
     )
     # On a FAIL the storm's stdout ends with its evidence (who is busy, where requests wait);
     # the mesh log's tail says what the services logged meanwhile.
