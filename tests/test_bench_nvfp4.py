@@ -25,7 +25,7 @@ def suite(tmp_path, *extra: str, timeout: float = 500) -> tuple[dict, str]:
 
 
 def test_every_phase_of_the_suite_runs_and_reports(tmp_path):
-    r, md = suite(tmp_path)
+    r, md = suite(tmp_path, "--chunk-tokens", "128")  # the long prompts in one chunk
     assert r["errors"] == {} and r["skipped"] == []
     assert r["read_bandwidth"]["gb_s"] > 0
     assert r["limits"]["nvfp4"]["read_bytes_per_token"] < r["limits"]["native"][
@@ -48,12 +48,13 @@ def test_every_phase_of_the_suite_runs_and_reports(tmp_path):
     lengths = r["kv"]["kv-nvfp4"]["agreement_lengths"]
     assert len(lengths) == 2 and all(0 <= n <= 8 for n in lengths)
     assert "| mesh decode, batch 1 (tok/s) |" in md and "Greedy agreement" in md
+    assert r["sizes"]["chunk_tokens"] == 128 and "Prefill chunk: 128 tokens" in md
     assert "| engine decode, batch 2 (tok/s) | -" not in md
 
 
 def test_a_time_budget_skips_the_phases_that_would_not_fit_and_still_reports(tmp_path):
     r, md = suite(tmp_path, "--time-budget", "5", timeout=120)
-    assert r["skipped"] == ["mesh-native", "mesh-nvfp4", "mesh-kv-nvfp4", "engine-native",
-                            "engine-nvfp4"]
+    assert r["skipped"] == ["mesh-native", "mesh-nvfp4", "engine-native", "engine-nvfp4",
+                            "mesh-kv-nvfp4"]
     assert r["limits"]["native"]["limit_tok_s"] > 0
     assert "Skipped for the time budget: mesh-native" in md

@@ -181,9 +181,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="greedy prompts compared NVFP4 KV vs native KV (3)")
     suite.add_argument("--agreement-tokens", type=int, default=48,
                        help="greedy tokens a prompt compared, and of graphs vs eager (48)")
+    suite.add_argument("--skip-kv", action="store_true",
+                       help="no NVFP4 KV mesh (nor the greedy prompts it is compared on)")
     suite.add_argument("--chunk-tokens", type=int, default=None,
-                       help="the meshes' prefill chunk (default: the longest prompt, rounded "
-                       "up to a page: one chunk, one KV write)")
+                       help="the meshes' prefill chunk (default: the prefill's own, 256); at "
+                       "least the prompt: one chunk, one KV write")
     load.add_argument("--ttft-slo", type=float, default=2.0, metavar="S",
                       help="goodput: time to first token at most S seconds (default 2)")
     load.add_argument("--itl-slo", type=float, default=0.1, metavar="S",

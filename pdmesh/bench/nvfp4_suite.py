@@ -14,16 +14,22 @@ beside it) when it ends, so a run cut short keeps what it measured:
    short prompt; batch 1 against the limit), TTFT of each of --ttft-lens, the KV moved by
    the --kv-prompt-tokens prompt, and (native only) the greedy tokens of
    --agreement-prompts prompts of that length.
-3. a mesh with native weights and --kv-transfer nvfp4: the same long prompt's KV moved,
-   and the same greedy prompts, compared token by token with the native KV's.
-4. the engine in this process, per format: decode tokens/s at each of --sweep batch
+3. the engine in this process, per format: decode tokens/s at each of --sweep batch
    sizes (engine level: a mesh per batch size would not fit the run's time), and greedy
    tokens through the CUDA graphs against the eager path.
+4. unless --skip-kv, a mesh with native weights and --kv-transfer nvfp4: the same long
+   prompt's KV moved, and the same greedy prompts, compared token by token with the
+   native KV's.
 
-Every mesh prefills in chunks of --chunk-tokens (default: the longest prompt, so a prompt
-is one chunk and its KV one write after it: the transfer tail, staging plus writes, is
-then the whole transfer). --time-budget skips a phase that would not end in time (a
-phase is estimated at the longest one of its kind so far) and says so in the JSON.
+The meshes prefill as the service does by default (256-token chunks, each chunk's KV
+written while the next one computes), so a room's KV transfer is reported as what it
+costs a request: its bytes, and its tail (pdmesh_kv_transfer_tail_seconds: after the
+last chunk was computed, the staging, the writes still in flight and the notifying
+write), beside the TTFT of the same prompt. --chunk-tokens N prefills in chunks of N
+instead (N at least the prompt: one chunk, one write, so the tail is the whole transfer;
+prefill attention over one long chunk needs memory quadratic in its length).
+--time-budget skips a phase that would not end in time (a phase is estimated at the
+longest one of its kind so far) and says so in the JSON.
 """
 
 from __future__ import annotations
@@ -101,11 +107,9 @@ class Suite:
             "limits": {}, "mesh": {}, "kv": {}, "engine": {},
         }
 
-    def chunk_tokens(self) -> int:
-        if self.args.chunk_tokens:
-            return self.args.chunk_tokens
-        longest = max([*ints(self.args.ttft_lens), self.args.kv_prompt_tokens])
-        return -(-longest // 16) * 16
+    def chunk_tokens(self) -> int | None:
+        """--chunk-tokens, or None: the prefill service's default."""
+        return self.args.chunk_tokens
 
     # ------------------------------------------------------------------ the run
 
@@ -113,9 +117,10 @@ class Suite:
         self.phase("bandwidth", "bandwidth", self.bandwidth, always=True)
         for fmt in FORMATS:
             self.phase("mesh", f"mesh-{fmt}", lambda fmt=fmt: self.mesh_phase(fmt, "native"))
-        self.phase("mesh", "mesh-kv-nvfp4", lambda: self.mesh_phase("native", "nvfp4"))
         for fmt in FORMATS:
             self.phase("engine", f"engine-{fmt}", lambda fmt=fmt: self.engine_phase(fmt))
+        if not self.args.skip_kv:
+            self.phase("mesh", "mesh-kv-nvfp4", lambda: self.mesh_phase("native", "nvfp4"))
         self.result["elapsed_s"] = self.budget.elapsed()
         self.write()
         log(f"done in {self.budget.elapsed():.0f}s: {self.out} and {self.out.with_suffix('.md')}")
@@ -167,8 +172,11 @@ class Suite:
         # the decode captures graphs up to the sweep's largest batch too: that they fit
         # beside the prefill on one card is part of what the run shows
         max_batch = max(ints(a.batches) + ints(a.sweep))
-        up = (f"--kv-transfer {kv} --decode-args {shlex.quote(f'--max-batch {max_batch}')}"
-              f" --prefill-args {shlex.quote(self.prefill_args())} {a.mesh_args}")
+        up = f"--kv-transfer {kv} --decode-args {shlex.quote(f'--max-batch {max_batch}')}"
+        if self.chunk_tokens():
+            chunk = self.chunk_tokens()
+            up += f" --prefill-args '--chunk-tokens {chunk} --max-batch-tokens {chunk}'"
+        up += f" {a.mesh_args}"
         side_args = SimpleNamespace(mesh_env=a.mesh_env, model=a.model, prefill=1, decode=1,
                                     device=a.device, dtype=a.dtype, weights=weights,
                                     mesh_args=up)
@@ -184,10 +192,6 @@ class Suite:
             raise
         finally:
             side.stop()
-
-    def prefill_args(self) -> str:
-        chunk = self.chunk_tokens()
-        return f"--chunk-tokens {chunk} --max-batch-tokens {chunk}"
 
     def serve_mesh(self, side, figures: dict, weights: str, kv: str) -> None:
         a = self.args
@@ -215,7 +219,7 @@ class Suite:
             got, spent = self.best(side, Workload("kv prompt", [req], 1))
             figures["ttft_s"] = {str(a.kv_prompt_tokens): got["ttft_s"].get("p50")}
             figures["kv_transfer"] = spent["kv_transfer"]
-        if weights == "native":  # native KV: the reference the NVFP4 KV is compared with
+        if weights == "native" and not a.skip_kv:  # the reference the NVFP4 KV meets
             figures["greedy"] = self.greedy(side)
         if kv != "native":
             reference = self.result["mesh"].get("native", {}).get("greedy")
