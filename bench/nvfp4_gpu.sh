@@ -30,7 +30,8 @@ suite() {  # model tag budget [extra flags]
     timeout --signal=TERM --kill-after=15 $((budget + 30)) \
         python3 -m pdmesh.cli bench --suite nvfp4 --device "$device" --model "$model" \
         --dtype bfloat16 --time-budget "$budget" --reps 2 --out "$out/nvfp4-$tag.json" "$@"
-    echo "== $(date -u +%T) $model: exit $?"
+    local rc=$?
+    echo "== $(date -u +%T) $model: exit $rc"
     cat "$out/nvfp4-$tag.md" 2>/dev/null || echo "(no table for $model)"
 }
 
