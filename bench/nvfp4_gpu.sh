@@ -42,4 +42,9 @@ if [ "$left" -gt 60 ]; then
 else
     echo "== no time left for random:llama3-1b (${left}s)"
 fi
+left=$((total - SECONDS - 10))
+if [ "$left" -gt 45 ]; then  # the GPU tests of the Llama-3 shapes, if time is left
+    echo "== $(date -u +%T) GPU tests (${left}s)"
+    timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/engine/test_large_specs_gpu.py
+fi
 echo "== $(date -u +%T) done in ${SECONDS}s"
