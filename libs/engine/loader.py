@@ -71,7 +71,9 @@ def load_model(
     if known is not None:  # refused before any weight is read or drawn
         if weights_format == "nvfp4":
             check_nvfp4_shapes(known)
-        check_fits(spec, known, device, dtype, weights_format)
+        # a ModelOpt checkpoint stays NVFP4 under --weights native
+        stored_nvfp4 = (Path(spec) / modelopt.HF_QUANT_CONFIG).is_file()
+        check_fits(spec, known, device, dtype, "nvfp4" if stored_nvfp4 else weights_format)
     if spec in LARGE_RANDOM_SPECS:
         return _load_large_random(spec, known, device, dtype, weights_format, t0)
     if spec == "smollm2":
