@@ -13,8 +13,8 @@ set -u
 out=${1:?usage: bash bench/nvfp4_gpu.sh OUT_DIR}
 mkdir -p "$out"
 log="$out/nvfp4-gpu.log"
-total=${NVFP4_TOTAL_S:-545}  # seconds for the whole script
-budget_8b=${NVFP4_8B_S:-320}
+total=${NVFP4_TOTAL_S:-550}  # seconds for the whole script
+budget_8b=${NVFP4_8B_S:-335}
 device=${NVFP4_DEVICE:-cuda}  # cpu: a plumbing check of this script without a GPU
 exec > >(tee -a "$log") 2>&1
 

@@ -58,3 +58,23 @@ def test_a_time_budget_skips_the_phases_that_would_not_fit_and_still_reports(tmp
                             "mesh-kv-nvfp4"]
     assert r["limits"]["native"]["limit_tok_s"] > 0
     assert "Skipped for the time budget: mesh-native" in md
+
+
+def test_the_budget_estimates_a_phase_by_its_like_else_its_kind():
+    from pdmesh.bench.nvfp4_suite import FIRST_ESTIMATE_S, Budget
+
+    budget = Budget(100.0)
+    budget.start -= 10  # 10 s spent
+    assert budget.allows("mesh") == (10 + FIRST_ESTIMATE_S["mesh"] <= 100)
+    budget.took("mesh", "mesh-native", 30.0)
+    budget.took("mesh", "mesh-nvfp4", 95.0)
+    assert not budget.allows("mesh")  # 10 s spent + the longest mesh, 95 s
+    assert budget.allows("mesh", like="mesh-native")  # 10 + 30
+    assert Budget(None).allows("mesh")
+
+
+def test_agreement_lengths_count_the_shared_leading_tokens():
+    from pdmesh.bench.nvfp4_suite import agreement_lengths
+
+    assert agreement_lengths([[1, 2, 3], [1, 2, 3], [4]], [[1, 2, 3], [1, 9, 3], [5]]) == [
+        3, 1, 0]
