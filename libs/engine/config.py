@@ -51,3 +51,25 @@ class ModelConfig:
             ffn_dim=128, vocab_size=49152, rope_theta=10000.0, norm_eps=1e-5,
             max_position=2048, tie_embeddings=True, bos_token_id=1, eos_token_ids=(2,),
         )
+
+    @classmethod
+    def llama3_1b(cls) -> ModelConfig:
+        """Llama-3.2-1B's shape. max_position is 16384, not the model's 131072: a member
+        sizes its KV pool to hold at least one full context, and the benchmarks need 8k
+        prompts plus their output, not 128k."""
+        return cls(
+            name="llama3-1b", n_layers=16, dim=2048, n_heads=32, n_kv_heads=8, head_dim=64,
+            ffn_dim=8192, vocab_size=128256, rope_theta=500000.0, norm_eps=1e-5,
+            max_position=16384, tie_embeddings=True, bos_token_id=128000,
+            eos_token_ids=(128001,),
+        )
+
+    @classmethod
+    def llama3_8b(cls) -> ModelConfig:
+        """Llama-3-8B's shape (max_position 16384: see llama3_1b)."""
+        return cls(
+            name="llama3-8b", n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, head_dim=128,
+            ffn_dim=14336, vocab_size=128256, rope_theta=500000.0, norm_eps=1e-5,
+            max_position=16384, tie_embeddings=False, bos_token_id=128000,
+            eos_token_ids=(128001,),
+        )

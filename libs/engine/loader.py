@@ -23,9 +23,10 @@ import torch
 
 from . import modelopt
 from .config import ModelConfig
-from .model import Weights, from_separate, random_weights
-from .nvfp4 import WEIGHT_FORMATS, is_nvfp4, quantize_layer_linears
+from .model import Weights, from_separate, random_weights, random_weights_on_device
+from .nvfp4 import WEIGHT_FORMATS, check_nvfp4_shapes, is_nvfp4, quantize_layer_linears
 from .specs import (
+    LARGE_RANDOM_SPECS,
     RANDOM_SPECS,
     check_spec,
     gguf_config,
@@ -36,6 +37,7 @@ from .specs import (
     smollm2_gguf_path,
 )
 from .tokenizer import Tokenizer
+from .weight_budget import check_fits
 
 logger = logging.getLogger(__name__)
 
@@ -63,26 +65,71 @@ def load_model(
         raise ValueError(f"weights_format must be one of {WEIGHT_FORMATS}, got {weights_format!r}")
     check_spec(spec)
     dtype = dtype or torch.float32
+    device = torch.device(device)
     t0 = time.perf_counter()
+    known = _config_before_weights(spec)
+    if known is not None:  # refused before any weight is read or drawn
+        if weights_format == "nvfp4":
+            check_nvfp4_shapes(known)
+        # a ModelOpt checkpoint stays NVFP4 under --weights native
+        stored_nvfp4 = (Path(spec) / modelopt.HF_QUANT_CONFIG).is_file()
+        check_fits(spec, known, device, dtype, "nvfp4" if stored_nvfp4 else weights_format)
+    if spec in LARGE_RANDOM_SPECS:
+        return _load_large_random(spec, known, device, dtype, weights_format, t0)
     if spec == "smollm2":
         config, weights, tok_src = _load_gguf(smollm2_gguf_path())
     elif spec in RANDOM_SPECS:
         config = random_config(spec)
         weights = random_weights(config, RANDOM_SEED)
-        try:
-            tok_src = random_tokenizer_source()
-        except FileNotFoundError:  # e.g. a GPU box without the package: weights still work
-            logger.warning("SmolLM2 GGUF not found: %s has no tokenizer", spec)
-            tok_src = None
+        tok_src = _random_tokenizer_or_none(spec)
     elif spec.endswith(".gguf"):
         config, weights, tok_src = _load_gguf(Path(spec))
     else:  # a HF directory (check_spec refused anything else)
         config, weights, tok_src = _load_hf_dir(Path(spec))
     if weights_format == "nvfp4" and not is_nvfp4(weights):
+        check_nvfp4_shapes(config)
         # On CPU in fp32, before the dtype cast: the bits do not depend on --device/--dtype.
         weights = quantize_layer_linears(weights)
-    fmt = "nvfp4" if is_nvfp4(weights) else "native"
     weights = weights.to(device, dtype)
+    return _loaded(spec, config, weights, tok_src, dtype, t0)
+
+
+def _config_before_weights(spec: str) -> ModelConfig | None:
+    """The shape of a spec whose shape is known without reading its weights (random specs,
+    HF directories), for the checks before the load; None for GGUF files."""
+    if spec in RANDOM_SPECS:
+        return random_config(spec)
+    if spec == "smollm2" or spec.endswith(".gguf"):
+        return None
+    path = Path(spec)
+    return hf_config(path, json.loads((path / "config.json").read_text()))
+
+
+def _load_large_random(spec: str, config: ModelConfig, device: torch.device,
+                       dtype: torch.dtype, weights_format: str, t0: float) -> LoadedModel:
+    """A billion-parameter random spec: drawn on the device in the dtype (and quantized
+    there, a linear at a time, for nvfp4), then CUDA's cache of the drawing's scratch is
+    returned, so a member sizing its KV pool counts only the weights as its own."""
+    weights = random_weights_on_device(config, RANDOM_SEED, device, dtype,
+                                       nvfp4=weights_format == "nvfp4")
+    weights = weights.to(device, dtype)  # on the CPU: the NVFP4 linears' dense copies
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    return _loaded(spec, config, weights, _random_tokenizer_or_none(spec), dtype, t0)
+
+
+def _random_tokenizer_or_none(spec: str):
+    try:
+        return random_tokenizer_source()
+    except FileNotFoundError:  # e.g. a GPU box without the package: weights still work
+        logger.warning("SmolLM2 GGUF not found: %s has no tokenizer", spec)
+        return None
+
+
+def _loaded(spec: str, config: ModelConfig, weights: Weights, tok_src, dtype: torch.dtype,
+            t0: float) -> LoadedModel:
+    fmt = "nvfp4" if is_nvfp4(weights) else "native"
     tokenizer = None if tok_src is None else Tokenizer.load(tok_src, config.eos_token_ids)
     n_params = sum(t.numel() for lw in weights.layers for t in vars(lw).values())
     n_params += weights.embed.numel() + weights.norm.numel()

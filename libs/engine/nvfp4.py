@@ -34,9 +34,11 @@ import torch.nn.functional as F
 from libs.kernels import PreparedLinear, dequantize_nvfp4, prepare_nvfp4_linear, quantize_nvfp4
 
 if TYPE_CHECKING:  # model.py imports this module
+    from .config import ModelConfig
     from .model import Weights
 
 WEIGHT_FORMATS = ("native", "nvfp4")
+BLOCK_ELEMENTS = 16  # NVFP4 block: inputs sharing one e4m3 scale
 LINEARS = ("wqkv", "wo", "w_gate_up", "w_down")  # LayerWeights fields that NVFP4 replaces
 
 
@@ -112,6 +114,36 @@ def linear(x: torch.Tensor, w: Linear) -> torch.Tensor:
     if isinstance(w, torch.Tensor):
         return F.linear(x, w)
     return w.linear(x)
+
+
+class UnsupportedNvfp4Shape(ValueError):
+    """A layer linear whose input dimension NVFP4 cannot block (not a multiple of 16)."""
+
+
+# LayerWeights field -> the checkpoint's name of what it fuses (for messages).
+HF_NAMES = {"wqkv": "self_attn.q_proj/k_proj/v_proj", "wo": "self_attn.o_proj",
+            "w_gate_up": "mlp.gate_proj/up_proj", "w_down": "mlp.down_proj"}
+
+
+def linear_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """[N, K] of each layer linear (the same in every layer)."""
+    c = config
+    return {"wqkv": (c.q_dim + 2 * c.kv_dim, c.dim), "wo": (c.dim, c.q_dim),
+            "w_gate_up": (2 * c.ffn_dim, c.dim), "w_down": (c.dim, c.ffn_dim)}
+
+
+def check_nvfp4_shapes(config: ModelConfig) -> None:
+    """Raise UnsupportedNvfp4Shape naming the first layer linear NVFP4 cannot hold: its
+    blocks run 16 inputs along K, and the kernels read whole blocks. From the shape alone,
+    so the load is refused before any weight is read or drawn."""
+    for field_name, (n, k) in linear_shapes(config).items():
+        if k % BLOCK_ELEMENTS:
+            raise UnsupportedNvfp4Shape(
+                f"--weights nvfp4 cannot quantize layers.0.{HF_NAMES[field_name]} (and the "
+                f"same linear of every layer): its weight is [{n}, {k}] and NVFP4 needs the "
+                f"input dimension ({k}) to be a multiple of {BLOCK_ELEMENTS}; serve this "
+                "model with --weights native"
+            )
 
 
 def quantize_layer_linears(weights: Weights) -> Weights:

@@ -30,7 +30,13 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-RANDOM_SPECS = ("tiny", "random:smollm2", "random:tiny")
+RANDOM_SPECS = ("tiny", "random:smollm2", "random:tiny", "random:llama3-1b", "random:llama3-8b")
+# Random specs of the sizes where weight bandwidth decides decode speed: their weights are
+# drawn on the target device in the target dtype (loader.py), never on the CPU in fp32.
+LARGE_RANDOM_SPECS = {
+    "random:llama3-1b": ModelConfig.llama3_1b,
+    "random:llama3-8b": ModelConfig.llama3_8b,
+}
 
 
 def check_spec(spec: str) -> None:
@@ -45,7 +51,8 @@ def check_spec(spec: str) -> None:
     if (path / "config.json").is_file():
         return
     raise ValueError(
-        f"{spec!r} is not a model: use smollm2, tiny, random:smollm2, random:tiny, a .gguf "
+        f"{spec!r} is not a model: use smollm2, tiny, random:smollm2, random:tiny, "
+        "random:llama3-1b, random:llama3-8b, a .gguf "
         "file, or a Hugging Face Llama directory (config.json and *.safetensors)"
     )
 
@@ -82,8 +89,16 @@ def load_tokenizer(spec: str) -> tuple[ModelConfig, Tokenizer]:
 
 
 def random_config(spec: str) -> ModelConfig:
-    """The shape a random spec (one of RANDOM_SPECS) names, under the spec's name."""
-    config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
+    """The shape a random spec (one of RANDOM_SPECS) names, under the spec's name.
+
+    The Llama-3 shapes keep their vocabulary of 128,256 with SmolLM2's tokenizer (49,152
+    tokens): prompts only use ids the tokenizer has, and a generated id past its
+    vocabulary decodes to no text (the tokenizer drops it) while the id itself is
+    streamed in token_ids as any other."""
+    if spec in LARGE_RANDOM_SPECS:
+        config = LARGE_RANDOM_SPECS[spec]()
+    else:
+        config = ModelConfig.tiny() if spec.endswith("tiny") else ModelConfig.smollm2()
     return replace(config, name=spec)
 
 

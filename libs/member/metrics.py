@@ -52,6 +52,12 @@ class MemberMetrics:
             "pdmesh_kv_transfer_gbps", "GB/s of a room's last KV write, post to done",
             list(labels), buckets=GBPS_BUCKETS, registry=self.registry,
         ).labels(**labels)
+        self.transfer_tail_seconds = Histogram(
+            "pdmesh_kv_transfer_tail_seconds", "A room's KV transfer after its last chunk "
+            "was computed: staging (NVFP4 quantize), writes still in flight, the notifying "
+            "write; with one chunk, the whole transfer", list(labels),
+            buckets=SECONDS_BUCKETS, registry=self.registry,
+        ).labels(**labels)
 
         if role == "decode":  # the decode streams the tokens: it sees both latencies
             self.ttft = Histogram(

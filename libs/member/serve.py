@@ -129,6 +129,7 @@ async def serve_member(
     by ``descriptor``, and Admin), register, and serve until cancelled."""
     # torch and NIXL load here, not at import: `pdmesh` builds every role's parser in every
     # process (bootstrap, router and supervisor included), which must not pay for them
+    from libs.engine.weight_budget import ModelTooLarge
     from libs.member.kv_member import DoesNotFit, KvMember
     from libs.transfer.kvwire import UnsupportedKvShape
 
@@ -155,6 +156,8 @@ async def serve_member(
         raise cannot_start(f"pdmesh {role_name}: {e}") from None
     except UnsupportedKvShape as e:
         raise SystemExit(f"pdmesh {role_name}: --kv-transfer {args.kv_transfer}: {e}") from None
+    except ModelTooLarge as e:  # restarting cannot help: the supervisor must not retry it
+        raise cannot_start(f"pdmesh {role_name}: --model {args.model}: {e}") from None
     except ValueError as e:  # an unknown spec, a refused checkpoint (CheckpointError)
         raise SystemExit(f"pdmesh {role_name}: --model {args.model}: {e}") from None
     member.pinned_after = args.pinned_after

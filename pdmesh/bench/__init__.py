@@ -64,6 +64,11 @@ or PDMESH_TOKENIZER set to a tokenizer directory.
 the benchmarks alone:
   python -m pdmesh.bench.transfer      KV transfer only (UCX_* from the environment)
   python -m pdmesh.bench.engine        the engine without services vs transformers, any device
+
+NVFP4 where it pays (--suite nvfp4: weight-read limit, decode at batch 1 and 32 through
+the mesh, TTFT, KV moved native vs NVFP4, an engine batch sweep, graphs vs eager):
+  pdmesh bench --suite nvfp4 --device cuda --model random:llama3-8b --dtype bfloat16 \\
+      --time-budget 330 --out bench-results/nvfp4-8b.json
 """
 
 
@@ -151,6 +156,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="words of each later user message (60)")
     multi.add_argument("--turn-tokens", type=int, default=16,
                        help="max_tokens of each answer (16)")
+    suite = parser.add_argument_group(
+        "suite (--suite nvfp4): bf16 and NVFP4 weights, native and NVFP4 KV, side by side "
+        "in one run, see pdmesh.bench.nvfp4_suite")
+    suite.add_argument("--suite", choices=["nvfp4"], default=None,
+                       help="run the suite instead of the comparison (JSON at --out, default "
+                       "bench-results/nvfp4.json, and a markdown table beside it)")
+    suite.add_argument("--time-budget", type=float, default=None, metavar="SECONDS",
+                       help="skip a phase that would not end within SECONDS of the start")
+    suite.add_argument("--suite-tokens", type=int, default=128,
+                       help="new tokens per stream of the decode rows (128)")
+    suite.add_argument("--batches", default="1,32", metavar="N[,N...]",
+                       help="decode batches through the mesh (1,32)")
+    suite.add_argument("--sweep", default="1,2,4,8,16,32,64,128", metavar="N[,N...]",
+                       help="decode batches of the engine-level sweep (1,2,...,128)")
+    suite.add_argument("--sweep-context", type=int, default=512,
+                       help="context of the sweep's sequences, tokens (512)")
+    suite.add_argument("--sweep-steps", type=int, default=32, help="timed steps a batch (32)")
+    suite.add_argument("--ttft-lens", default="1024,8192", metavar="N[,N...]",
+                       help="prompt tokens of the TTFT rows (1024,8192)")
+    suite.add_argument("--kv-prompt-tokens", type=int, default=8192,
+                       help="the prompt whose KV is moved native and NVFP4 (8192)")
+    suite.add_argument("--agreement-prompts", type=int, default=3,
+                       help="greedy prompts compared NVFP4 KV vs native KV (3)")
+    suite.add_argument("--agreement-tokens", type=int, default=48,
+                       help="greedy tokens a prompt compared, and of graphs vs eager (48)")
+    suite.add_argument("--skip-kv", action="store_true",
+                       help="no NVFP4 KV mesh (nor the greedy prompts it is compared on)")
+    suite.add_argument("--chunk-tokens", type=int, default=None,
+                       help="the meshes' prefill chunk (default: the prefill's own, 256); at "
+                       "least the prompt: one chunk, one KV write")
     load.add_argument("--ttft-slo", type=float, default=2.0, metavar="S",
                       help="goodput: time to first token at most S seconds (default 2)")
     load.add_argument("--itl-slo", type=float, default=0.1, metavar="S",
@@ -158,6 +193,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.suite == "nvfp4":
+        from pdmesh.bench import nvfp4_suite
+
+        return nvfp4_suite.run(args)
     if args.workload == "multiturn":
         from pdmesh.bench import multiturn
 

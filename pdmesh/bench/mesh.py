@@ -76,6 +76,7 @@ class MeshSide:
                 "bytes_per_room": kv["bytes"] / rooms if rooms else None,
                 "descriptors": int(kv["descriptors"]) if kv["gbps_rooms"] else None,
                 "write_gbps_mean": kv["gbps_sum"] / kv["gbps_rooms"] if kv["gbps_rooms"] else None,
+                "tail_ms": 1e3 * kv["tail_seconds"] / rooms if rooms else None,
             },
         }
         return records, spent
@@ -95,6 +96,7 @@ class MeshSide:
             "pdmesh_kv_transfer_descriptors_sum": "descriptors",
             "pdmesh_kv_transfer_gbps_sum": "gbps_sum",
             "pdmesh_kv_transfer_gbps_count": "gbps_rooms",
+            "pdmesh_kv_transfer_tail_seconds_sum": "tail_seconds",
         }
         totals = dict.fromkeys(names.values(), 0.0)
         for member in self.mesh.status()["members"]:

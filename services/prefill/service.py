@@ -240,6 +240,7 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
                       "pdmesh.kv.format": member.wire.name,
                       "pdmesh.kv.backend": "nixl-ucx", "pdmesh.kv.writes": len(job.transfers) + 1,
                       "pdmesh.peer": job.peer.member.name}
+        tail_started = time.perf_counter()
         with span("kv transfer", attributes=attributes) as transfer_span:
             await self._stage(job, range(sent, len(dst)), n - (len(dst) - 1) * page_size)
             for transfer in job.transfers:  # earlier chunks land before the notifying write
@@ -271,6 +272,7 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
             prompt_logprobs=prompt_logprobs,
         )
         self.metrics.transfer_seconds.observe(elapsed)
+        self.metrics.transfer_tail_seconds.observe(time.perf_counter() - tail_started)
         self.metrics.transfer_bytes.observe(result.bytes_written)
         self.metrics.transfer_bytes_skipped.observe(skipped_bytes)
         self.counters.kv_bytes_moved_total += wire_bytes

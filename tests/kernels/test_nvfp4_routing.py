@@ -207,6 +207,9 @@ def test_gemm_copies_x_only_under_one_large_tile_and_moves_the_last_tile_past_on
     # the Triton kernel from 32 tokens and 2^27 multiply-adds
     ("triton", 32, 2048, 2048, True), ("triton", 16, 2048, 2048, False),
     ("triton", 128, 1024, 1024, True), ("triton", 64, 1024, 1024, False),
+    # layers of 2^22 to 2^24 weights (Triton only): prompt chunks, never decode batches
+    ("triton", 256, 3072, 2048, True), ("triton", 128, 3072, 2048, False),
+    ("triton", 4096, 2048, 4096, True), ("triton", 4096, 4096, 4096, False),
     # layers past 2^22 weights keep the GEMM at any length
     ("gemm", 8192, 4096, 4096, False), ("gemm", 8192, 4096, 1024, True),
     # the GEMV and the phased kernel are never replaced
@@ -229,3 +232,20 @@ def test_the_gpu_cases_route_where_they_say(case):
     caught before a GPU runs it."""
     n, k, m, kernel = case
     assert route(m, n, k, BF16, 132)[0] == kernel
+
+
+def test_llama3_prompt_chunks_never_run_a_kernel_slower_than_cublas_in_bf16():
+    """Every Llama-3.2-1B and Llama-3-8B linear at a prompt chunk's token counts runs the
+    GEMM (faster than torch's bf16 there) or dequantize + cuBLAS; decode batches up to
+    128 never take the dequantize route on a layer past 2^22 weights (it would read more
+    bytes than bf16 itself)."""
+    from libs.engine.nvfp4 import linear_shapes
+    from libs.engine.specs import random_config
+
+    for spec in ("random:llama3-1b", "random:llama3-8b"):
+        for name, (n, k) in linear_shapes(random_config(spec)).items():
+            for m in (256, 512, 1024, 4096):
+                assert route(m, n, k, BF16)[0] in ("gemm", "dequantize"), (spec, name, m)
+            if n * k > 1 << 22:
+                for m in (1, 8, 16, 32, 64, 128):
+                    assert route(m, n, k, BF16)[0] != "dequantize", (spec, name, m)

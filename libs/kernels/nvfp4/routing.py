@@ -42,7 +42,8 @@ Then the override, dequantize (linear.dequantize_linear): bf16 x on layers of at
    a long prompt, dequantizing once into a bf16 scratch weight (at most 8 MB) and calling
    cuBLAS is faster, and its output is reference.linear's bit for bit. fp16 keeps the
    kernels: w * s2 rounded to fp16 can fall into its subnormals, where the kernels keep
-   the weights exact.
+   the weights exact. Layers of 2^22 to 2^24 weights, which only the Triton kernel
+   serves, take the route from 256 tokens (prompt chunks), never at decode batches.
 
 x in fp32 never reaches the table: linear.py dequantizes to fp32 and calls torch's matmul
 (the fp32 tensor cores would round x to tf32, and fp32 is not a serving dtype).
@@ -136,11 +137,22 @@ MAX_WEIGHTS = 1 << 22
 # GEMV (at most 8 tokens) and the phased kernel (up to 256 tokens, where dequantize is
 # slower) keep their calls.
 FROM = {"small": (512, 1 << 29), "gemm": (1024, 1 << 29), "triton": (32, 1 << 27)}
+# Layers of 2^22 to 2^24 weights (Llama-3.2-1B's fused q/k/v, 3072 x 2048) have no
+# Gluon kernel: every token count runs the Triton kernel, which decodes the weights again
+# for each token tile. Prompt chunks (256 tokens and up, the prefill's chunk) take
+# dequantize + cuBLAS there (a scratch weight of at most 32 MB), so NVFP4 costs no TTFT;
+# decode batches (up to 128 in the decode graphs) keep the kernel, which reads 3.6x fewer
+# bytes than the dequantize route's bf16 scratch written and read back.
+MAX_MID_WEIGHTS = 1 << 24  # exclusive: from 2^24 the GEMM serves prompts
+MID_LAYER_FROM = 256
 
 
 def takes_dequantize_route(kernel: str, m: int, n: int, k: int, dtype: torch.dtype) -> bool:
     """Whether an [m, k] x [n, k]^T product that rows 1-5 gave `kernel` runs as
     dequantize + cuBLAS instead (the table's override)."""
+    if dtype != torch.bfloat16:
+        return False
+    if kernel == "triton" and MAX_WEIGHTS < n * k < MAX_MID_WEIGHTS:
+        return m >= MID_LAYER_FROM
     min_tokens, min_macs = FROM.get(kernel, (math.inf, math.inf))
-    return (dtype == torch.bfloat16 and n * k <= MAX_WEIGHTS and m >= min_tokens
-            and m * n * k >= min_macs)
+    return n * k <= MAX_WEIGHTS and m >= min_tokens and m * n * k >= min_macs
