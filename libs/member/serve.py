@@ -47,7 +47,8 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="gRPC port (default: a free one)")
     parser.add_argument(
-        "--bootstrap", default="127.0.0.1:50050", help="bootstrap address (host:port)"
+        "--bootstrap", default="127.0.0.1:50050",
+        help="bootstrap address host:port, or several replicas host:port,host:port (failover)"
     )
     parser.add_argument(
         "--model", default="smollm2", help="smollm2 | tiny | random:smollm2 | PATH (GGUF or HF dir)"
