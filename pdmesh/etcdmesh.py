@@ -170,8 +170,13 @@ class EtcdMesh:
             return False
 
     def members(self, bootstrap: int | None = None) -> dict[str, int]:
-        """name -> epoch as a live bootstrap replica lists them ({} if none answers)."""
+        """name -> epoch as a live bootstrap replica lists them ({} if none answers);
+        from a thread with no event loop (see listed() inside one)."""
         import anyio
+
+        return anyio.run(self.listed, bootstrap)
+
+    async def listed(self, bootstrap: int | None = None) -> dict[str, int]:
         import grpc
 
         from libs.rpc.calls import open_channel, unary
@@ -179,21 +184,17 @@ class EtcdMesh:
         from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
 
         indices = [bootstrap] if bootstrap is not None else range(len(self.bootstrap_ports))
-
-        async def listed() -> dict[str, int]:
-            for i in indices:
-                channel = open_channel(f"127.0.0.1:{self.bootstrap_ports[i]}")
-                try:
-                    reply = await unary(bgrpc.BootstrapStub(channel).ListMembers,
-                                        bpb.ListMembersRequest(), timeout=1.0)
-                    return {m.name: m.epoch for m in reply.members}
-                except grpc.aio.AioRpcError:
-                    continue
-                finally:
-                    await channel.close()
-            return {}
-
-        return anyio.run(listed)
+        for i in indices:
+            channel = open_channel(f"127.0.0.1:{self.bootstrap_ports[i]}")
+            try:
+                reply = await unary(bgrpc.BootstrapStub(channel).ListMembers,
+                                    bpb.ListMembersRequest(), timeout=1.0)
+                return {m.name: m.epoch for m in reply.members}
+            except grpc.aio.AioRpcError:
+                continue
+            finally:
+                await channel.close()
+        return {}
 
     @staticmethod
     def wait_until(check, timeout: float, what: str) -> float:
