@@ -146,8 +146,16 @@ async def test_a_foreign_key_is_ignored_and_counted(etcd_server):
         real = await replica.store.register(member("real"))
         await until(lambda: [m.name for m in replica.store.members()] == ["real"], 5)
         assert replica.store.foreign_keys_total == 3
+        # a foreign write over a registration: the registration is gone, not replaced
+        doomed = await replica.store.register(member("doomed"))
+        await until(lambda: len(replica.store.members()) == 2, 5)
+        await kv.Put(rpc.PutRequest(key=prefix + b"doomed", value=b"forged", lease=lease.ID))
+        await until(lambda: replica.left("doomed") == ["overwritten by a foreign key"], 5)
+        assert replica.store.foreign_keys_total == 4
+        with pytest.raises(StaleEpoch):
+            await replica.store.keep_alive("doomed", doomed.epoch)
         assert replica.store.members()[0].epoch == real.epoch
-        assert not any(who != "real" for _, who, _, _ in replica.events)
+        assert {who for _, who, _, _ in replica.events} == {"real", "doomed"}
         tg.cancel_scope.cancel()
 
 

@@ -280,7 +280,10 @@ class EtcdStore:
                     self._publish(bpb.MembershipEvent.LEFT, old, reason)
                 continue
             member = self._accept(event.kv)
-            if member is None:
+            if member is None:  # a foreign write replaced a registration: it is gone
+                if old is not None:
+                    del self._view[name]
+                    self._publish(bpb.MembershipEvent.LEFT, old, "overwritten by a foreign key")
                 continue
             if old is not None:
                 self._publish(bpb.MembershipEvent.LEFT, old, "replaced by a new epoch")

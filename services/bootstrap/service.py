@@ -61,6 +61,7 @@ class BootstrapService(bgrpc.BootstrapServicer):
     async def Register(self, request, context):
         _check_member(request.member)
         _check_identity(request.member.role, context)
+        await self._ready()
         self._check_owner(request.member.name, context)
         try:
             admitted = await self.registry.register(request.member)
@@ -77,8 +78,16 @@ class BootstrapService(bgrpc.BootstrapServicer):
             if member.name == name:
                 _check_identity(member.role, context)
 
+    async def _ready(self) -> None:
+        """The owner checks read the store's view: it must be current (etcd reachable)."""
+        try:
+            await self.registry.wait_ready()
+        except StoreUnavailable as e:
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, str(e)) from e
+
     @contained
     async def KeepAlive(self, request, context):
+        await self._ready()
         self._check_owner(request.member.name, context)
         try:
             await self.registry.keep_alive(request.member.name, request.member.epoch)
@@ -90,6 +99,7 @@ class BootstrapService(bgrpc.BootstrapServicer):
 
     @contained
     async def Deregister(self, request, context):
+        await self._ready()
         self._check_owner(request.member.name, context)
         try:
             await self.registry.deregister(request.member.name, request.member.epoch)
@@ -118,10 +128,7 @@ class BootstrapService(bgrpc.BootstrapServicer):
                 overflowed = True
                 send.close()
 
-        try:
-            await self.registry.wait_ready()
-        except StoreUnavailable as e:
-            raise RpcError(grpc.StatusCode.UNAVAILABLE, str(e)) from e
+        await self._ready()
         unsubscribe = self.registry.subscribe(on_event)
         try:
             snapshot = bpb.MembershipEvent(

@@ -109,6 +109,25 @@ async def test_a_member_cut_off_until_its_lease_ends_fails_everywhere_and_rejoin
         assert (await generate(mesh, router, "after the rejoin")).completion_tokens == 8
 
 
+async def test_an_etcd_restart_changes_no_epoch_and_requests_go_on(mesh):
+    before = await mesh.listed()
+    departures = {p: mesh.log(p).count(" left: ") for p in PEERS}
+    await anyio.to_thread.run_sync(mesh.etcd.stop)
+    # etcd down: requests through both routers still run (membership is not on their path)
+    for router in ("router-0", "router-1"):
+        assert (await generate(mesh, router, "etcd is down")).completion_tokens == 8
+    await anyio.sleep(1.0)
+    await anyio.to_thread.run_sync(mesh.etcd.start)
+    # every replica lists again; leases were renewed (etcd extends them on restart)
+    await anyio.to_thread.run_sync(
+        mesh.wait_until, lambda: mesh.members(0) == before and mesh.members(1) == before,
+        15.0, "the replicas did not come back to the same members and epochs")
+    await anyio.sleep(LEASE)  # a lease lost in the outage would expire by now
+    assert await mesh.listed() == before
+    assert {p: mesh.log(p).count(" left: ") for p in PEERS} == departures  # nobody left
+    assert (await generate(mesh, "router-1", "etcd is back")).completion_tokens == 8
+
+
 async def test_abort_storm_with_a_replica_and_a_router_killed(mesh):
     result = await storm(mesh, waves=4, concurrency=10, kill_wave=1)
     print("storm:", result)
