@@ -150,3 +150,18 @@ def test_readiness_is_grpc_health_on_the_served_port(role, monkeypatch, capsys):
 def test_router_readiness_is_its_http_health():
     probe = container("router")["readinessProbe"]["httpGet"]
     assert probe["path"] == "/health" and probe["port"] == parsed("router").http_port
+
+
+async def test_healthcheck_follows_the_servers_grpc_health():
+    from libs.rpc.server import start_server
+    from pdmesh.healthcheck import check
+
+    running = await start_server("127.0.0.1", 0, [])
+    try:
+        address = f"127.0.0.1:{running.port}"
+        await running.set_serving(True)
+        assert await check(address, None, 2.0)
+        await running.set_serving(False)
+        assert not await check(address, None, 2.0)
+    finally:
+        await running.stop(0)

@@ -17,6 +17,7 @@ import pytest
 from pdmesh.client import Done, GenerateClient
 from pdmesh.etcdmesh import EtcdMesh, etcd_binary
 from pdmesh.etcdstorm import storm
+from pdmesh.status import collect
 
 LEASE = 3.0
 PEERS = ("prefill-0", "router-0", "router-1")
@@ -59,6 +60,8 @@ async def test_a_bootstrap_replica_killed_under_load_changes_nothing(mesh):
     assert len(results) == 20 and all(r.completion_tokens == 8 for r in results)
     await anyio.sleep(LEASE)  # long enough for any lost lease to have shown
     assert await mesh.listed(1) == before  # same members, same epochs: nobody re-registered
+    status = await collect(mesh.bootstrap)  # `pdmesh status --bootstrap A,B`: A is dead
+    assert {m["name"]: m["epoch"] for m in status["members"]} == before
     mesh.start_bootstrap(0)  # a fresh replica serves the same view at once
     await anyio.to_thread.run_sync(
         mesh.wait_until, lambda: mesh.members(0) == before, 20.0, "replica 0 back")
