@@ -3,17 +3,20 @@ every replica, foreign keys, an etcd that is down at start or restarts."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 
 import anyio
 import pytest
 from aetcd import rpc
+from prometheus_client import generate_latest
 
 from pdmesh.etcdmesh import EtcdServer
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
 from services.bootstrap.etcd_store import MAGIC, EtcdStore, parse_store
+from services.bootstrap.metrics import BootstrapMetrics
 from services.bootstrap.registry import StaleEpoch
 from services.bootstrap.store import StoreUnavailable
 from services.router.core import RoomMinter
@@ -156,6 +159,9 @@ async def test_a_foreign_key_is_ignored_and_counted(etcd_server):
             await replica.store.keep_alive("doomed", doomed.epoch)
         assert replica.store.members()[0].epoch == real.epoch
         assert {who for _, who, _, _ in replica.events} == {"real", "doomed"}
+        scraped = generate_latest(BootstrapMetrics(replica.store).prometheus).decode()
+        assert re.search(r"^pdmesh_store_foreign_keys_total\{.*\} 4\.0$", scraped, re.M)
+        assert re.search(r"^pdmesh_store_up\{.*\} 1\.0$", scraped, re.M)
         tg.cancel_scope.cancel()
 
 
@@ -196,3 +202,32 @@ def test_two_routers_minting_at_once_never_collide():
     assert not rooms_a & rooms_b
     assert all(len(r) == 16 and r[:8] == a.tag for r in rooms_a)
 
+
+
+def test_a_bootstrap_whose_etcd_is_down_keeps_running_and_says_so(tmp_path):
+    """Not a crash loop: one line per attempt, backing off; Register answers UNAVAILABLE."""
+    import subprocess
+    import sys
+
+    from pdmesh.localmesh import free_ports
+
+    boot, dead = free_ports(2)
+    log = tmp_path / "bootstrap.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pdmesh.cli", "bootstrap", "--port", str(boot),
+         "--store", f"etcd://127.0.0.1:{dead}"], stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while log.read_text().count("unreachable") < 3 and time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()
+            time.sleep(0.2)
+        text = log.read_text()
+        lines = [line for line in text.splitlines() if "unreachable" in line]
+        assert len(lines) >= 3, text
+        assert f"membership store etcd://127.0.0.1:{dead}/pdmesh unreachable" in lines[0]
+        delays = [float(re.search(r"retrying in ([\d.]+)s", line).group(1)) for line in lines]
+        assert delays == sorted(delays) and delays[-1] > delays[0]  # backing off
+        assert "Traceback" not in text and process.poll() is None
+    finally:
+        process.terminate()
+        process.wait(10)

@@ -81,7 +81,9 @@ class Membership:
                     backoff = min(backoff * 2, 2.0)
         finally:
             with anyio.move_on_after(1.0, shield=True):
-                await self._deregister(stubs[current])
+                for i in range(len(stubs)):  # the current replica first, then the others
+                    if await self._deregister(stubs[(current + i) % len(stubs)]):
+                        break
                 for channel in channels:
                     await channel.close()
 
@@ -166,13 +168,15 @@ class Membership:
         for listener in self.on_leave:
             _contained(listener, member, reason)
 
-    async def _deregister(self, stub: bgrpc.BootstrapStub) -> None:
+    async def _deregister(self, stub: bgrpc.BootstrapStub) -> bool:
+        """Whether this replica answered (done, or nothing left to remove)."""
         if self.me is None or not self.epoch:
-            return
+            return True
         try:
             await unary(stub.Deregister, bpb.DeregisterRequest(member=self.ref()), timeout=0.5)
-        except grpc.aio.AioRpcError:
-            pass
+        except grpc.aio.AioRpcError as e:
+            return e.code() == grpc.StatusCode.NOT_FOUND
+        return True
 
 
 def bootstrap_addresses(text: str) -> list[str]:
