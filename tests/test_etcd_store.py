@@ -231,3 +231,16 @@ def test_a_bootstrap_whose_etcd_is_down_keeps_running_and_says_so(tmp_path):
     finally:
         process.terminate()
         process.wait(10)
+
+
+@pytest.mark.parametrize("command", ["router", "decode"])
+def test_a_bad_bootstrap_list_is_a_usage_error(command, capsys):
+    from pdmesh.cli import build_parser
+
+    parser = build_parser()
+    ok = parser.parse_args([command, "--bootstrap", "10.0.0.1:50050,10.0.0.2:50050"])
+    assert ok.bootstrap == "10.0.0.1:50050,10.0.0.2:50050"
+    for bad in (",", "10.0.0.1:50050,nohost", "a:b"):
+        with pytest.raises(SystemExit):
+            parser.parse_args([command, "--bootstrap", bad])
+        assert "--bootstrap" in capsys.readouterr().err

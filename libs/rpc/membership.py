@@ -187,6 +187,21 @@ def bootstrap_addresses(text: str) -> list[str]:
     return addresses
 
 
+def bootstrap_flag(text: str) -> str:
+    """argparse type of `--bootstrap`: every comma-separated part is host:port."""
+    import argparse
+
+    try:
+        addresses = bootstrap_addresses(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise argparse.ArgumentTypeError(f"{address!r} is not host:port")
+    return text
+
+
 def _contained(listener: Callable, *args) -> None:
     """A listener's bug must not kill the watch loop."""
     try:
