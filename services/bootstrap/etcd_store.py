@@ -39,6 +39,7 @@ import anyio
 import grpc
 from aetcd import rpc
 
+from libs.rpc.options import CLIENT_OPTIONS
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
 from services.bootstrap.registry import Listener, RegistryFull, StaleEpoch
@@ -113,7 +114,9 @@ class EtcdStore:
         self.lease_seconds = float(self.ttl)
         self.members_prefix = (self.target.prefix + "members/").encode()
         self.left_prefix = (self.target.prefix + "left/").encode()
-        self.channel = grpc.aio.insecure_channel(self.target.address)
+        # pdmesh's keepalives: a silently vanished etcd breaks the watch in seconds, so
+        # the view is listed again instead of going stale
+        self.channel = grpc.aio.insecure_channel(self.target.address, options=CLIENT_OPTIONS)
         self.kv = rpc.KVStub(self.channel)
         self.leases = rpc.LeaseStub(self.channel)
         self.watch_stub = rpc.WatchStub(self.channel)
