@@ -144,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="members and their live counters")
     status.add_argument("--json", action="store_true",
                         help="one JSON object (see docs/operations.md)")
-    status.add_argument("--bootstrap", default="127.0.0.1:50050", help="bootstrap address")
+    status.add_argument("--bootstrap", default="127.0.0.1:50050",
+                        help="bootstrap address, or replicas host:port,host:port (the first "
+                        "that answers)")
 
     debug = sub.add_parser("debug", help="evidence from a live service")
     debug_sub = debug.add_subparsers(dest="debug_command", required=True, metavar="WHAT")

@@ -102,8 +102,19 @@ def _cache_fields(member: bpb.Member, stats: cpb.MemberStats) -> dict:
 
 
 async def collect(bootstrap: str, timeout: float = 3.0) -> dict:
-    """What `pdmesh status --json` prints (docs/operations.md); raises grpc.aio.AioRpcError
-    if no bootstrap answers."""
+    """What `pdmesh status --json` prints (docs/operations.md). `bootstrap` may list
+    replicas (host:port,host:port): the first that answers is asked. Raises
+    grpc.aio.AioRpcError if none answers."""
+    *others, last = [a.strip() for a in bootstrap.split(",") if a.strip()] or [bootstrap]
+    for address in others:
+        try:
+            return await _collect(address, timeout)
+        except grpc.aio.AioRpcError:
+            continue
+    return await _collect(last, timeout)
+
+
+async def _collect(bootstrap: str, timeout: float) -> dict:
     channel = open_channel(bootstrap)
     try:
         reply = await unary(

@@ -23,3 +23,17 @@ def hf_reference():
     from libs.engine.hf_reference import load_hf_reference
 
     return load_hf_reference()
+
+
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory):
+    """A real etcd (Debian's etcd-server; `.ci/run` installs it) on loopback, free ports,
+    its data in a temp dir; skipped only where the binary cannot be found."""
+    from pdmesh.etcdmesh import EtcdServer, etcd_binary
+
+    if etcd_binary() is None:
+        pytest.skip("etcd not installed (Debian: apt-get install etcd-server; .ci/run does)")
+    server = EtcdServer(tmp_path_factory.mktemp("etcd"))
+    server.start()
+    yield server
+    server.stop()

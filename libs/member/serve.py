@@ -18,7 +18,7 @@ from libs.member import sizing
 from libs.member.formats import FORMATS
 from libs.member.timeouts import TIMEOUTS
 from libs.rpc.http import asgi_server, listen, serve_http
-from libs.rpc.membership import Membership
+from libs.rpc.membership import Membership, bootstrap_flag
 from libs.rpc.server import start_server
 from pdmesh.v1 import common_pb2 as cpb
 
@@ -47,7 +47,8 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=0, help="gRPC port (default: a free one)")
     parser.add_argument(
-        "--bootstrap", default="127.0.0.1:50050", help="bootstrap address (host:port)"
+        "--bootstrap", default="127.0.0.1:50050", type=bootstrap_flag,
+        help="bootstrap address host:port, or several replicas host:port,host:port (failover)"
     )
     parser.add_argument(
         "--model", default="smollm2", help="smollm2 | tiny | random:smollm2 | PATH (GGUF or HF dir)"

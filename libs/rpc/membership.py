@@ -4,6 +4,11 @@ Every prefill, decode and router runs one of these inside its main task group.
 The live member table is rebuilt from the Watch stream; listeners hear about
 joins and departures so that, for example, a departed peer's NIXL agent is
 dropped at once.
+
+``address`` may name several bootstrap replicas (``host:port,host:port``, all serving
+one etcd-backed store): a session that fails moves on to the next one. A reconnecting
+member first renews its current epoch (KeepAlive) and registers anew only when the
+bootstrap no longer knows it, so moving between replicas changes nothing its peers see.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ LeaveListener = Callable[[bpb.Member, str], None]
 
 @dataclass
 class Membership:
-    """Register `me` with the bootstrap at `address`, then keep it registered."""
+    """Register `me` with the bootstrap at `address` (one or several, comma-separated),
+    then keep it registered."""
 
     address: str
     me: bpb.Member | None = None
@@ -50,29 +56,39 @@ class Membership:
         return cpb.PeerRef(name=self.me.name, epoch=self.epoch)
 
     async def run(self) -> None:
-        """Run forever; reconnects with backoff when the bootstrap goes away."""
-        channel = open_channel(self.address)
-        stub = bgrpc.BootstrapStub(channel)
+        """Run forever; fails over to the next bootstrap address, with backoff once all
+        of them have failed in a row."""
+        addresses = bootstrap_addresses(self.address)
+        channels = [open_channel(address) for address in addresses]
+        stubs = [bgrpc.BootstrapStub(channel) for channel in channels]
+        current = 0
         try:
             backoff = 0.1
+            failures = 0
             while True:
                 try:
-                    await self._session(stub)
+                    await self._session(stubs[current])
                 except* grpc.aio.AioRpcError as group:
                     codes = {e.code().name for e in group.exceptions}
                     hint = f" ({tls.unavailable_hint()})" if "UNAVAILABLE" in codes else ""
-                    log.warning("bootstrap %s: %s%s; retrying", self.address,
+                    log.warning("bootstrap %s: %s%s; retrying", addresses[current],
                                 ", ".join(codes), hint)
                 self.connected = False
-                await anyio.sleep(backoff)
-                backoff = min(backoff * 2, 2.0)
+                current = (current + 1) % len(stubs)
+                failures += 1
+                if failures % len(stubs) == 0:  # every replica failed once: wait, then again
+                    await anyio.sleep(backoff)
+                    backoff = min(backoff * 2, 2.0)
         finally:
             with anyio.move_on_after(1.0, shield=True):
-                await self._deregister(stub)
-                await channel.close()
+                for i in range(len(stubs)):  # the current replica first, then the others
+                    if await self._deregister(stubs[(current + i) % len(stubs)]):
+                        break
+                for channel in channels:
+                    await channel.close()
 
     async def _session(self, stub: bgrpc.BootstrapStub) -> None:
-        if self.me is not None:
+        if self.me is not None and not await self._renewed(stub):
             reply = await unary(stub.Register, bpb.RegisterRequest(member=self.me), timeout=5.0)
             self.epoch = reply.epoch
             self.me.epoch = reply.epoch
@@ -85,6 +101,21 @@ class Membership:
                 tg.start_soon(self._keep_alive, stub)
             await self._watch(stub)
             tg.cancel_scope.cancel()
+
+    async def _renewed(self, stub: bgrpc.BootstrapStub) -> bool:
+        """Whether the registration this member already holds is still live (its lease just
+        renewed); False when there is none or the bootstrap no longer knows it."""
+        if not self.epoch:
+            return False
+        try:
+            await unary(stub.KeepAlive, bpb.KeepAliveRequest(member=self.ref()),
+                        timeout=max(0.5, self.lease_seconds / 2))
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return False
+            raise
+        log.info("%s kept epoch %d", self.me.name, self.epoch)
+        return True
 
     async def _keep_alive(self, stub: bgrpc.BootstrapStub) -> None:
         while True:
@@ -137,13 +168,38 @@ class Membership:
         for listener in self.on_leave:
             _contained(listener, member, reason)
 
-    async def _deregister(self, stub: bgrpc.BootstrapStub) -> None:
+    async def _deregister(self, stub: bgrpc.BootstrapStub) -> bool:
+        """Whether this replica answered (done, or nothing left to remove)."""
         if self.me is None or not self.epoch:
-            return
+            return True
         try:
             await unary(stub.Deregister, bpb.DeregisterRequest(member=self.ref()), timeout=0.5)
-        except grpc.aio.AioRpcError:
-            pass
+        except grpc.aio.AioRpcError as e:
+            return e.code() == grpc.StatusCode.NOT_FOUND
+        return True
+
+
+def bootstrap_addresses(text: str) -> list[str]:
+    """`--bootstrap host:port[,host:port...]` as a list (at least one address)."""
+    addresses = [part.strip() for part in text.split(",") if part.strip()]
+    if not addresses:
+        raise ValueError(f"--bootstrap {text!r}: expected host:port[,host:port...]")
+    return addresses
+
+
+def bootstrap_flag(text: str) -> str:
+    """argparse type of `--bootstrap`: every comma-separated part is host:port."""
+    import argparse
+
+    try:
+        addresses = bootstrap_addresses(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise argparse.ArgumentTypeError(f"{address!r} is not host:port")
+    return text
 
 
 def _contained(listener: Callable, *args) -> None:

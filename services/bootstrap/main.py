@@ -14,15 +14,17 @@ from libs.rpc.http import asgi_server, listen, serve_http
 from libs.rpc.server import start_server
 from pdmesh.v1 import bootstrap_pb2, common_pb2
 from pdmesh.v1 import common_pb2_grpc as cgrpc
+from services.bootstrap.etcd_store import EtcdStore, parse_store
 from services.bootstrap.metrics import BootstrapMetrics
 from services.bootstrap.registry import Registry
-from services.bootstrap.service import BootstrapService, expire_leases, lease_period
+from services.bootstrap.service import BootstrapService, lease_period
+from services.bootstrap.store import MembershipStore, MemoryStore
 
 log = logging.getLogger("pdmesh.bootstrap")
 
 
 class BootstrapAdmin(cgrpc.AdminServicer):
-    def __init__(self, registry: Registry, metrics_address: str):
+    def __init__(self, registry: MembershipStore, metrics_address: str):
         self.registry = registry
         self.metrics_address = metrics_address
 
@@ -47,10 +49,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="port of the Prometheus /metrics endpoint (default 0: a free port, logged and "
              "shown by `pdmesh status`)",
     )
+    parser.add_argument(
+        "--store", type=store_url, default="memory", metavar="memory|etcd://HOST:PORT[/PREFIX]",
+        help="where registrations live: 'memory' (default: this process; a restart forgets "
+             "them) or etcd v3 under leases (default prefix /pdmesh), so several bootstrap "
+             "replicas serve one mesh",
+    )
+
+
+def store_url(text: str) -> str:
+    try:
+        parse_store(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def make_store(text: str, lease: float) -> MembershipStore:
+    target = parse_store(text)
+    if target is None:
+        return MemoryStore(Registry(lease_seconds=lease), lease_period(lease))
+    return EtcdStore(target, lease_seconds=lease)
 
 
 async def serve(args: argparse.Namespace) -> None:
-    registry = Registry(lease_seconds=args.lease)
+    registry = make_store(args.store, args.lease)
     service = BootstrapService(registry)
     metrics_sock = listen(args.host, args.metrics_port)
     metrics_address = f"{args.host}:{metrics_sock.getsockname()[1]}"
@@ -63,14 +86,15 @@ async def serve(args: argparse.Namespace) -> None:
              BootstrapAdmin(registry, metrics_address)),
         ],
     )
-    log.info("bootstrap serving on %s:%d (lease %.1fs), metrics on http://%s/metrics",
-             args.host, running.port, args.lease, metrics_address)
+    log.info("bootstrap serving on %s:%d (lease %.1fs, store %s), metrics on http://%s/metrics",
+             args.host, running.port, registry.lease_seconds, args.store, metrics_address)
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(expire_leases, registry, lease_period(args.lease))
+            tg.start_soon(registry.run)
             tg.start_soon(serve_http,
                           asgi_server(BootstrapMetrics(registry).app(), args.host, 0), 2.0,
                           metrics_sock)
     finally:
         with anyio.move_on_after(2.0, shield=True):
             await running.stop(0.5)
+            await registry.close()

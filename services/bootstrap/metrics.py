@@ -10,13 +10,13 @@ from starlette.applications import Starlette
 from libs.member.metrics import metrics_app
 from libs.tracing.metrics import SpanLossCollector
 from pdmesh.v1 import common_pb2 as cpb
-from services.bootstrap.registry import Registry
+from services.bootstrap.store import MembershipStore
 
 MEMBER_ROLES = (cpb.PREFILL, cpb.DECODE, cpb.ROUTER)
 
 
 class BootstrapMetrics:
-    def __init__(self, registry: Registry):
+    def __init__(self, registry: MembershipStore):
         labels = {"service": "bootstrap", "role": "bootstrap", "name": "bootstrap"}
         self.prometheus = CollectorRegistry()
         self.prometheus.register(_RegistryCollector(labels, registry))
@@ -27,7 +27,7 @@ class BootstrapMetrics:
 
 
 class _RegistryCollector:
-    def __init__(self, labels: dict[str, str], registry: Registry):
+    def __init__(self, labels: dict[str, str], registry: MembershipStore):
         self.labels = labels
         self.registry = registry
 
@@ -50,3 +50,14 @@ class _RegistryCollector:
                                      labels=names)
         watchers.add_metric(values, self.registry.watchers())
         yield watchers
+        foreign = CounterMetricFamily(
+            "pdmesh_store_foreign_keys",
+            "Keys under the store's members/ prefix that are not pdmesh registrations "
+            "(ignored, never served)", labels=names)
+        foreign.add_metric(values, self.registry.foreign_keys_total)
+        yield foreign
+        up = GaugeMetricFamily("pdmesh_store_up",
+                               "1 while the membership store is reachable and the view current",
+                               labels=names)
+        up.add_metric(values, 1 if self.registry.connected else 0)
+        yield up

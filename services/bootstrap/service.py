@@ -13,6 +13,7 @@ from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
 from pdmesh.v1 import common_pb2 as cpb
 from services.bootstrap.registry import Registry, RegistryFull, StaleEpoch
+from services.bootstrap.store import MembershipStore, MemoryStore, StoreUnavailable
 
 WATCH_QUEUE = 1024
 
@@ -51,18 +52,23 @@ def _check_identity(role: int, context) -> None:
 
 
 class BootstrapService(bgrpc.BootstrapServicer):
-    def __init__(self, registry: Registry):
-        self.registry = registry
+    def __init__(self, store: MembershipStore | Registry):
+        if isinstance(store, Registry):
+            store = MemoryStore(store, lease_period(store.lease_seconds))
+        self.registry = store
 
     @contained
     async def Register(self, request, context):
         _check_member(request.member)
         _check_identity(request.member.role, context)
+        await self._ready()
         self._check_owner(request.member.name, context)
         try:
-            admitted = self.registry.register(request.member)
+            admitted = await self.registry.register(request.member)
         except RegistryFull as e:
             raise RpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e)) from e
+        except StoreUnavailable as e:
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, str(e)) from e
         lease_ms = int(self.registry.lease_seconds * 1000)
         return bpb.RegisterReply(epoch=admitted.epoch, lease_ms=lease_ms)
 
@@ -72,22 +78,35 @@ class BootstrapService(bgrpc.BootstrapServicer):
             if member.name == name:
                 _check_identity(member.role, context)
 
+    async def _ready(self) -> None:
+        """The owner checks read the store's view: it must be current (etcd reachable)."""
+        try:
+            await self.registry.wait_ready()
+        except StoreUnavailable as e:
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, str(e)) from e
+
     @contained
     async def KeepAlive(self, request, context):
+        await self._ready()
         self._check_owner(request.member.name, context)
         try:
-            self.registry.keep_alive(request.member.name, request.member.epoch)
+            await self.registry.keep_alive(request.member.name, request.member.epoch)
         except StaleEpoch as e:
             raise RpcError(grpc.StatusCode.NOT_FOUND, str(e)) from e
+        except StoreUnavailable as e:
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, str(e)) from e
         return bpb.KeepAliveReply(lease_ms=int(self.registry.lease_seconds * 1000))
 
     @contained
     async def Deregister(self, request, context):
+        await self._ready()
         self._check_owner(request.member.name, context)
         try:
-            self.registry.deregister(request.member.name, request.member.epoch)
+            await self.registry.deregister(request.member.name, request.member.epoch)
         except StaleEpoch as e:
             raise RpcError(grpc.StatusCode.NOT_FOUND, str(e)) from e
+        except StoreUnavailable as e:
+            raise RpcError(grpc.StatusCode.UNAVAILABLE, str(e)) from e
         return bpb.DeregisterReply()
 
     @contained
@@ -109,6 +128,7 @@ class BootstrapService(bgrpc.BootstrapServicer):
                 overflowed = True
                 send.close()
 
+        await self._ready()
         unsubscribe = self.registry.subscribe(on_event)
         try:
             snapshot = bpb.MembershipEvent(
@@ -123,13 +143,6 @@ class BootstrapService(bgrpc.BootstrapServicer):
         finally:
             unsubscribe()
             send.close()
-
-
-async def expire_leases(registry: Registry, period: float) -> None:
-    """Run forever: fail members whose lease ran out."""
-    while True:
-        registry.expire()
-        await anyio.sleep(period)
 
 
 def lease_period(lease_seconds: float) -> float:

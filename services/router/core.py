@@ -18,6 +18,7 @@ quarantined pages can come back at once.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
 import time
@@ -105,27 +106,37 @@ def _task_cancelling() -> bool:
 
 
 class RoomMinter:
-    """Room ids are random 128-bit values; generations count up from the boot time."""
+    """A room id is the router's own 8-byte tag (a hash of its member name) followed by 8
+    random bytes: routers driving the same members can never mint one another's rooms,
+    whatever their random draws, and one router's ids are random among themselves.
+    Generations count up from the boot time."""
 
-    def __init__(self) -> None:
+    def __init__(self, router: str = "router") -> None:
         self._generation = time.time_ns()
+        self.tag = router_tag(router)
 
     def mint(self) -> cpb.RoomKey:
         self._generation += 1
-        return cpb.RoomKey(room=secrets.token_bytes(16), generation=self._generation)
+        return cpb.RoomKey(room=self.tag + secrets.token_bytes(8), generation=self._generation)
+
+
+def router_tag(router: str) -> bytes:
+    """The first 8 bytes of every room id `router` mints."""
+    return hashlib.blake2b(router.encode(), digest_size=8).digest()
 
 
 class MeshClient:
     def __init__(self, pairing: Pairing, default_budget: float = 300.0, retries: int = 1,
                  on_retry=lambda: None, queue: AdmissionQueue | None = None,
                  on_queued=lambda seconds: None,
-                 max_preemptions: int = DEFAULT_MAX_PREEMPTIONS, on_rerun=lambda: None):
+                 max_preemptions: int = DEFAULT_MAX_PREEMPTIONS, on_rerun=lambda: None,
+                 router: str = "router"):
         self.pairing = pairing
         self.on_retry = on_retry
         self.on_queued = on_queued  # each request's time in the queue (0 when none)
         self.max_preemptions = max_preemptions
         self.on_rerun = on_rerun
-        self.minter = RoomMinter()
+        self.minter = RoomMinter(router)
         self.default_budget = default_budget
         self.retries = retries
         self.queue = queue or AdmissionQueue(max_queue=1024, timeout=default_budget)

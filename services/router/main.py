@@ -12,7 +12,7 @@ import anyio
 from libs.engine.specs import load_tokenizer
 from libs.member.bounds import MAX_TOP_LOGPROBS
 from libs.rpc.http import asgi_server, serve_http
-from libs.rpc.membership import Membership
+from libs.rpc.membership import Membership, bootstrap_flag
 from libs.rpc.server import start_server
 from pdmesh.client import API_KEY_ENV
 from pdmesh.v1 import bootstrap_pb2 as bpb
@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP port (8000)")
     parser.add_argument("--grpc-port", type=int, default=50051, help="gRPC Generate port (50051)")
     parser.add_argument(
-        "--bootstrap", default="127.0.0.1:50050", help="bootstrap address (host:port)"
+        "--bootstrap", default="127.0.0.1:50050", type=bootstrap_flag,
+        help="bootstrap address host:port, or several replicas host:port,host:port (failover)"
     )
     parser.add_argument(
         "--model", default="smollm2", help="model whose tokenizer and name the router serves"
@@ -137,7 +138,7 @@ async def serve(args: argparse.Namespace) -> None:
     mesh = MeshClient(
         pairing, default_budget=args.request_timeout, retries=args.retries,
         on_retry=metrics.retry, queue=queue, on_queued=metrics.queue_time.observe,
-        max_preemptions=args.max_preemptions, on_rerun=metrics.rerun,
+        max_preemptions=args.max_preemptions, on_rerun=metrics.rerun, router=name,
     )
     backend = MeshBackend(model_id, config, tokenizer, mesh, metrics)
     grpc_api = GenerateService(backend, name, limits, args.api_key)
