@@ -33,7 +33,6 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 import anyio
 import grpc
@@ -43,36 +42,14 @@ from libs.rpc.options import CLIENT_OPTIONS
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
 from services.bootstrap.registry import Listener, RegistryFull, StaleEpoch
-from services.bootstrap.store import StoreUnavailable
+from services.bootstrap.store import EtcdTarget, StoreUnavailable, parse_store  # noqa: F401 (re-exported)
 
 log = logging.getLogger("pdmesh.bootstrap.etcd")
 
 MAGIC = b"pdmesh.member.v1\n"
-DEFAULT_PREFIX = "/pdmesh/"
 CALL_TIMEOUT = 3.0
 READY_TIMEOUT = 5.0  # a Watch waits this long for the view before answering UNAVAILABLE
 MAX_BACKOFF = 5.0
-
-
-@dataclass(frozen=True)
-class EtcdTarget:
-    address: str  # host:port of an etcd client endpoint
-    prefix: str
-
-    @property
-    def url(self) -> str:
-        return f"etcd://{self.address}{self.prefix.rstrip('/')}"
-
-
-def parse_store(text: str) -> EtcdTarget | None:
-    """``memory`` -> None; ``etcd://HOST:PORT[/PREFIX]`` -> the target. Else ValueError."""
-    if text == "memory":
-        return None
-    parts = urlsplit(text)
-    if parts.scheme != "etcd" or not parts.hostname or not parts.port:
-        raise ValueError(f"{text!r}: expected 'memory' or etcd://HOST:PORT[/PREFIX]")
-    prefix = (parts.path.rstrip("/") or DEFAULT_PREFIX.rstrip("/")) + "/"
-    return EtcdTarget(f"{parts.hostname}:{parts.port}", prefix)
 
 
 def _range_end(prefix: bytes) -> bytes:

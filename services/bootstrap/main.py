@@ -14,11 +14,10 @@ from libs.rpc.http import asgi_server, listen, serve_http
 from libs.rpc.server import start_server
 from pdmesh.v1 import bootstrap_pb2, common_pb2
 from pdmesh.v1 import common_pb2_grpc as cgrpc
-from services.bootstrap.etcd_store import EtcdStore, parse_store
 from services.bootstrap.metrics import BootstrapMetrics
 from services.bootstrap.registry import Registry
 from services.bootstrap.service import BootstrapService, lease_period
-from services.bootstrap.store import MembershipStore, MemoryStore
+from services.bootstrap.store import MembershipStore, MemoryStore, parse_store
 
 log = logging.getLogger("pdmesh.bootstrap")
 
@@ -69,6 +68,8 @@ def make_store(text: str, lease: float) -> MembershipStore:
     target = parse_store(text)
     if target is None:
         return MemoryStore(Registry(lease_seconds=lease), lease_period(lease))
+    from services.bootstrap.etcd_store import EtcdStore  # aetcd only where etcd is asked for
+
     return EtcdStore(target, lease_seconds=lease)
 
 

@@ -13,12 +13,37 @@ from one ordered source.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlsplit
 
 import anyio
 
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from services.bootstrap.registry import Listener, Registry
+
+DEFAULT_PREFIX = "/pdmesh/"
+
+
+@dataclass(frozen=True)
+class EtcdTarget:
+    address: str  # host:port of an etcd client endpoint
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        return f"etcd://{self.address}{self.prefix.rstrip('/')}"
+
+
+def parse_store(text: str) -> EtcdTarget | None:
+    """``memory`` -> None; ``etcd://HOST:PORT[/PREFIX]`` -> the target. Else ValueError."""
+    if text == "memory":
+        return None
+    parts = urlsplit(text)
+    if parts.scheme != "etcd" or not parts.hostname or not parts.port:
+        raise ValueError(f"{text!r}: expected 'memory' or etcd://HOST:PORT[/PREFIX]")
+    prefix = (parts.path.rstrip("/") or DEFAULT_PREFIX.rstrip("/")) + "/"
+    return EtcdTarget(f"{parts.hostname}:{parts.port}", prefix)
 
 
 class StoreUnavailable(Exception):
