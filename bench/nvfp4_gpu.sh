@@ -3,7 +3,7 @@
 #
 # Runs `pdmesh bench --suite nvfp4` on the Llama-3-8B shape, then on Llama-3.2-1B's, each
 # under a time budget (phases that would not fit are skipped and named in the JSON), so
-# the whole run ends within about 540 s. Writes five files under OUT_DIR:
+# the whole run ends within about 550 s. Writes five files under OUT_DIR:
 #   nvfp4-8b.json nvfp4-8b.md nvfp4-1b.json nvfp4-1b.md   the figures and their tables
 #   nvfp4-gpu.log                                         everything printed, mesh log
 #                                                         tails of any failed phase
@@ -48,3 +48,4 @@ if [ "$left" -gt 45 ]; then  # the GPU tests of the Llama-3 shapes, if time is l
     timeout "$left" python3 -m pytest -q -p no:cacheprovider tests/engine/test_large_specs_gpu.py
 fi
 echo "== $(date -u +%T) done in ${SECONDS}s"
+sleep 1  # let tee write the last lines of the log

@@ -88,6 +88,8 @@ def markdown(r: dict) -> str:
                   f"{agree} (min {min(agree) if agree else '-'})."]
     if r.get("skipped"):
         lines += ["", f"Skipped for the time budget: {', '.join(r['skipped'])}."]
+    if r.get("running"):
+        lines += ["", f"Cut short during phase {r['running']} (the run was stopped)."]
     if r.get("errors"):
         lines += ["", f"FAILED phases: {', '.join(r['errors'])} (tracebacks in the JSON)."]
     return "\n".join(lines) + "\n"

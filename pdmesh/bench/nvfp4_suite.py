@@ -139,6 +139,8 @@ class Suite:
             self.result["skipped"].append(name)
             return
         log(f"{name}: start ({self.budget.elapsed():.0f}s in)")
+        self.result["running"] = name  # what a run killed from outside was doing
+        self.write()
         t0 = time.perf_counter()
         try:
             fn()
@@ -148,6 +150,7 @@ class Suite:
         took = time.perf_counter() - t0
         self.budget.took(kind, name, took)
         self.result.setdefault("phase_s", {})[name] = round(took, 2)
+        self.result["running"] = None
         log(f"{name}: {took:.1f}s")
         self.write()
 
