@@ -83,3 +83,16 @@ def test_a_queue_bound_below_one_is_one_line_and_exit_2(argv):
     last = out.stderr.strip().splitlines()[-1]
     assert "--max-queue" in last or "--queue-timeout" in last, out.stderr
     assert "starting" not in out.stderr  # nothing was started
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["router", "--max-preemptions", "-1"], "--max-preemptions"),
+    (["router", "--max-n", "0"], "--max-n"),
+    (["router", "--max-top-logprobs", "65"], "--max-top-logprobs"),
+    (["router", "--max-top-logprobs", "two"], "--max-top-logprobs"),
+])
+def test_a_request_bound_out_of_range_is_a_usage_error(argv, flag):
+    out = run(*argv)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert flag in last and ("must be" in last or "not an integer" in last), out.stderr

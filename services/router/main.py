@@ -66,16 +66,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the request's own deadline ends it earlier, as 504 / DEADLINE_EXCEEDED)",
     )
     parser.add_argument(
-        "--max-preemptions", type=int, default=DEFAULT_MAX_PREEMPTIONS, metavar="N",
+        "--max-preemptions", type=int_in(0), default=DEFAULT_MAX_PREEMPTIONS, metavar="N",
         help="re-runs of a request that decodes preempted (their KV pool ran dry) before it "
         f"fails ABORTED (default {DEFAULT_MAX_PREEMPTIONS})",
     )
     parser.add_argument(
-        "--max-n", type=int, default=RequestLimits.max_n,
+        "--max-n", type=int_in(1), default=RequestLimits.max_n,
         help=f"most choices (n) one request may ask for (default {RequestLimits.max_n})",
     )
     parser.add_argument(
-        "--max-top-logprobs", type=int, default=RequestLimits.max_top_logprobs,
+        "--max-top-logprobs", type=int_in(0, MAX_TOP_LOGPROBS),
+        default=RequestLimits.max_top_logprobs,
         help="most alternatives per token (top_logprobs; completions' logprobs) "
         f"(default {RequestLimits.max_top_logprobs}, at most {MAX_TOP_LOGPROBS})",
     )
@@ -99,6 +100,21 @@ def queue_bound(text: str) -> int:
     return value
 
 
+def int_in(low: int, high: int | None = None):
+    """An argparse type: an integer in low..high (no upper bound where high is None), so
+    a bad value is a usage error naming the flag, before anything starts."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            bound = f"at least {low}" if high is None else f"in {low}..{high}"
+            raise argparse.ArgumentTypeError(f"{value}: must be {bound}")
+        return value
+    return parse
+
+
 def positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -110,11 +126,7 @@ def positive_seconds(text: str) -> float:
 
 
 def request_limits(args: argparse.Namespace) -> RequestLimits:
-    """The flags' bounds, checked: a bad one stops the router with one line."""
-    if args.max_n < 1:
-        raise SystemExit("pdmesh router: --max-n must be at least 1")
-    if not 0 <= args.max_top_logprobs <= MAX_TOP_LOGPROBS:
-        raise SystemExit(f"pdmesh router: --max-top-logprobs must be in 0..{MAX_TOP_LOGPROBS}")
+    """The request bounds the flags set (each checked by its argparse type)."""
     return RequestLimits(max_n=args.max_n, max_top_logprobs=args.max_top_logprobs)
 
 
