@@ -14,9 +14,10 @@ import anyio
 from google.protobuf.descriptor import ServiceDescriptor
 
 from libs import faults
-from libs.member import sizing
+from libs.member import sizing, ucx
 from libs.member.formats import FORMATS
 from libs.member.timeouts import TIMEOUTS
+from libs.rpc import addresses
 from libs.rpc.http import asgi_server, listen, serve_http
 from libs.rpc.membership import Membership
 from libs.rpc.server import start_server
@@ -44,7 +45,7 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument(
         "--name", default=None, help=f"member name, stable across restarts (default {role}-PID)"
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    addresses.add_arguments(parser)
     parser.add_argument("--port", type=int, default=0, help="gRPC port (default: a free one)")
     parser.add_argument(
         "--bootstrap", default="127.0.0.1:50050", help="bootstrap address (host:port)"
@@ -117,6 +118,7 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str) -> None:
         help="TEST ONLY: fault injection points, e.g. 'pause_between_chunks=2,"
         "decode-0:delay_notifications=0.5' (default: none, or $PDMESH_FAULTS; see libs/faults)",
     )
+    ucx.add_arguments(parser)
 
 
 async def serve_member(
@@ -138,6 +140,8 @@ async def serve_member(
         injected = faults.Faults.parse(args.faults, name)
     except ValueError as e:
         raise SystemExit(f"pdmesh {role_name}: --faults: {e}") from None
+    host = addresses.advertised_host(args, role_name)
+    ucx.apply(args)  # before the agent exists: UCX reads its environment once
     why = sizing.check_device(args.device)
     if why is not None:
         raise cannot_start(f"pdmesh {role_name}: --device {args.device}: {why}")
@@ -173,9 +177,9 @@ async def serve_member(
     running = await start_server(args.host, args.port, [
         (descriptor, service), (cpb.DESCRIPTOR.services_by_name["Admin"], service),
     ])
-    address = f"{args.host}:{running.port}"
+    address = addresses.join(host, running.port)
     metrics_sock = listen(args.host, args.metrics_port)
-    metrics_address = f"{args.host}:{metrics_sock.getsockname()[1]}"
+    metrics_address = addresses.join(host, metrics_sock.getsockname()[1])
     membership = Membership(
         args.bootstrap,
         me=member.registration(address, metrics_address),
