@@ -83,3 +83,13 @@ def test_a_service_whose_certificate_does_not_name_its_address_refuses_to_start(
     line = out.stderr.strip().splitlines()[-1]
     assert line.startswith("pdmesh bootstrap: --advertise-address 10.200.0.9: ")
     assert "bootstrap.pem" in line and "does not name 10.200.0.9" in line, out.stderr
+
+
+def test_a_ucx_transport_this_host_lacks_is_one_line_and_exit_2():
+    out = _cli("decode", "--model", "tiny", "--ucx-transports", "nosuch", "--bootstrap",
+               "127.0.0.1:1")
+    assert out.returncode == 2  # the supervisor stops the mesh rather than restart it
+    assert "Traceback" not in out.stderr
+    line = out.stderr.strip().splitlines()[-1]
+    assert line == ("pdmesh decode: --ucx-transports/--ucx-net-devices: the UCX backend did "
+                    "not start with UCX_TLS=nosuch (nixlBackendError)"), out.stderr

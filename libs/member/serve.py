@@ -132,6 +132,7 @@ async def serve_member(
     # torch and NIXL load here, not at import: `pdmesh` builds every role's parser in every
     # process (bootstrap, router and supervisor included), which must not pay for them
     from libs.member.kv_member import DoesNotFit, KvMember
+    from libs.transfer.errors import BackendUnavailable
     from libs.transfer.kvwire import UnsupportedKvShape
 
     role, role_name = service_class.role, service_class.role_name
@@ -157,6 +158,9 @@ async def serve_member(
         )
     except DoesNotFit as e:
         raise cannot_start(f"pdmesh {role_name}: {e}") from None
+    except BackendUnavailable as e:
+        raise cannot_start(f"pdmesh {role_name}: --ucx-transports/--ucx-net-devices: {e}") \
+            from None
     except UnsupportedKvShape as e:
         raise SystemExit(f"pdmesh {role_name}: --kv-transfer {args.kv_transfer}: {e}") from None
     except ValueError as e:  # an unknown spec, a refused checkpoint (CheckpointError)

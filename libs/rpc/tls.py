@@ -214,5 +214,5 @@ def unavailable_hint() -> str:
         config = None
     if config is None:
         return "down, or it requires TLS and this process runs plaintext (no --tls-cert)"
-    return (f"down, or a TLS mismatch: this process uses TLS ({config.role} certificate) "
-            "and the peer runs plaintext or trusts another CA")
+    return (f"down, or a TLS mismatch: this process uses TLS (--tls-cert {config.cert_path}, "
+            f"a {config.role} certificate) and the peer runs plaintext or trusts another CA")
