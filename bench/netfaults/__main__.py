@@ -101,8 +101,8 @@ def in_namespaces(args: argparse.Namespace) -> dict:
             [*topology.exec_prefix("client"), sys.executable, "-m", "bench.netfaults",
              "--inside", f"{topology.tag}:{topology.subnet}:{netem}", "--faults", args.faults,
              "--out", str(out)]).returncode
-        if code != 0:
-            raise SystemExit(code)
+        if not out.exists():  # the run itself broke (a failed check still writes its rows)
+            raise SystemExit(code or 1)
         return json.loads(out.read_text())
     finally:
         topology.destroy()

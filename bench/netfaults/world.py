@@ -56,6 +56,9 @@ class World:
         model = {"bootstrap": [], "router": ["--model", "tiny"]}.get(
             role, ["--model", "tiny", "--prefix-cache", "off",
                    "--pinned-after", str(self.lease + 1.0)])
+        if role == "prefill":  # each prompt's KV in 16-token writes 0.2 s apart: a fault at
+            # any moment of the storm finds transfers half done
+            model += ["--chunk-tokens", "16", "--faults", "pause_between_chunks=0.2"]
         return [sys.executable, "-m", "pdmesh.cli", role, *model, *flags]
 
     # processes
