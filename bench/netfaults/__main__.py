@@ -36,7 +36,7 @@ def parser() -> argparse.ArgumentParser:
                    help="which faults, comma-separated (default all: "
                    f"{','.join(f.kind for f in FAULTS)})")
     p.add_argument("--out", default="bench-results/netfaults.json", help="the JSON")
-    p.add_argument("--inside", default=None, help=argparse.SUPPRESS)  # tag:subnet:netem
+    p.add_argument("--inside", default=None, help=argparse.SUPPRESS)  # tag:subnet
     return p
 
 
@@ -81,10 +81,11 @@ async def scenarios(world: World, kinds: list[str]) -> dict:
 
 def inside(args: argparse.Namespace) -> dict:
     """In the client namespace: run the services in theirs, then the faults."""
-    tag, subnet, netem = args.inside.split(":", 2)
+    tag, subnet = args.inside.split(":", 1)
     topology = namespaces.Topology(tag, int(subnet))
     workdir = Path(tempfile.mkdtemp(prefix="pdmesh-netfaults-"))
-    world = NetnsWorld(topology, workdir, LEASE, REQUEST_TIMEOUT, netem or None)
+    world = NetnsWorld(topology, workdir, LEASE, REQUEST_TIMEOUT,
+                       namespaces.unsupported_faults())
     try:
         return anyio.run(scenarios, world, args.faults.split(","))
     finally:
@@ -93,13 +94,12 @@ def inside(args: argparse.Namespace) -> dict:
 
 def in_namespaces(args: argparse.Namespace) -> dict:
     topology = namespaces.Topology(str(os.getpid() % 100000), 200 + os.getpid() % 50)
-    netem = namespaces.netem_unavailable() or ""
     topology.create()
     try:
         out = Path(tempfile.mkdtemp(prefix="pdmesh-netfaults-")) / "inside.json"
         code = subprocess.run(
             [*topology.exec_prefix("client"), sys.executable, "-m", "bench.netfaults",
-             "--inside", f"{topology.tag}:{topology.subnet}:{netem}", "--faults", args.faults,
+             "--inside", f"{topology.tag}:{topology.subnet}", "--faults", args.faults,
              "--out", str(out)]).returncode
         if not out.exists():  # the run itself broke (a failed check still writes its rows)
             raise SystemExit(code or 1)

@@ -10,6 +10,7 @@ and the host ends of the veth pairs.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -68,6 +69,19 @@ def netem_unavailable() -> str | None:
         return f"tc netem: {e}"
     finally:
         sh("ip", "netns", "del", probe, check=False)
+
+
+def unsupported_faults() -> dict[str, str]:
+    """The faults namespaces cannot make on this host, each with why (the proxy covers
+    them): delay needs sch_netem, loss and partition need nftables."""
+    why: dict[str, str] = {}
+    netem = netem_unavailable()
+    if netem:
+        why["delay"] = netem
+    if shutil.which("nft") is None:
+        for kind in ("loss", "partition"):
+            why[kind] = "the `nft` command (nftables) is not installed"
+    return why
 
 
 @dataclass

@@ -228,7 +228,7 @@ async def run(world: World, client: GenerateClient, fault: Fault, baseline: list
             world.kill_and_restart(fault.target)
         elif world.apply(fault.kind, fault.target) is None:
             tg.cancel_scope.cancel()
-            return {"fault": fault.name, "skipped": getattr(world, "netem_missing", "")}
+            return {"fault": fault.name, "skipped": world.unsupported.get(fault.kind, "")}
         await anyio.sleep(max(0.0, applied_at + fault.hold - time.monotonic()))
         if fault.kind == "freeze":
             world.signal(fault.target, signal.SIGCONT)

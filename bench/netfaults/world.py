@@ -26,6 +26,7 @@ class World:
 
     kind = ""
     link_note = ""
+    unsupported: dict[str, str] = {}  # fault kind -> why this world cannot make it
 
     def __init__(self, workdir: Path, lease: float, request_timeout: float) -> None:
         self.workdir = workdir
@@ -114,9 +115,9 @@ class NetnsWorld(World):
     link_note = "every hop crosses the veth link, NIXL included (UCX_TLS=tcp)"
 
     def __init__(self, topology: Topology, workdir: Path, lease: float,
-                 request_timeout: float, netem: str | None) -> None:
+                 request_timeout: float, unsupported: dict[str, str]) -> None:
         self.topology = topology
-        self.netem_missing = netem
+        self.unsupported = unsupported
         super().__init__(workdir, lease, request_timeout)
 
     def cert_hosts(self) -> list[str]:
@@ -147,13 +148,13 @@ class NetnsWorld(World):
 
     def apply(self, fault: str, target: str) -> str | None:
         t = self.topology
+        if fault in self.unsupported:
+            return None
         if fault == "cut":
             t.cut(target)
         elif fault == "loss":
             t.loss(target, 20)
         elif fault == "delay":
-            if self.netem_missing:
-                return None
             t.delay(target, 100)
         elif fault == "partition":
             t.partition(target, "bootstrap")

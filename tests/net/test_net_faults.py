@@ -1,8 +1,8 @@
 """Faults on real links (bench.netfaults): bootstrap, prefill, decode and router in their
 own network namespaces, NIXL over TCP between them, an abort storm, and each fault in
-turn; where namespaces cannot be made, or a fault needs what the kernel lacks (tc
-netem), the loopback TCP fault proxy covers it. Select with `pytest -m net`; about two
-minutes on 2 cores."""
+turn; where namespaces cannot be made, or a fault needs what the host lacks (tc netem,
+nftables), the loopback TCP fault proxy covers it. Select with `pytest -m net`; about
+two minutes on 2 cores."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.net
 
 ALL = [f.kind for f in FAULTS]
 NO_NAMESPACES = namespaces.unavailable()
-NO_NETEM = None if NO_NAMESPACES else namespaces.netem_unavailable()
+UNSUPPORTED = {} if NO_NAMESPACES else namespaces.unsupported_faults()  # kind -> why
 
 
 def _run(tmp_path: Path, *flags: str, env: dict[str, str] | None = None
@@ -55,19 +55,19 @@ def test_faults_across_network_namespaces(tmp_path):
     assert result["mode"] == "netns"
     _assert_every_row_passed(result, ALL, output)
     skipped = {r["fault"]: r["skipped"] for r in result["rows"] if "skipped" in r}
-    # only delay needs netem; the proxy test below covers it where the kernel lacks it
-    assert set(skipped) <= {f.name for f in FAULTS if f.kind == "delay"}
-    assert bool(skipped) == (NO_NETEM is not None)
+    # only what this host lacks (netem: delay; nftables: loss, partition) is skipped, and
+    # the proxy test below covers it
+    assert set(skipped) == {f.name for f in FAULTS if f.kind in UNSUPPORTED}
     frozen = next(r for r in result["rows"] if "SIGSTOP" in r["fault"])
     assert frozen["frozen_rooms_failed_s"] is not None
     assert proc.returncode == 0, output
 
 
 def test_faults_behind_the_loopback_proxy(tmp_path):
-    if NO_NAMESPACES is None and NO_NETEM is None:
-        pytest.skip("namespaces and tc netem cover every fault here")
-    # every fault without namespaces; only what netem would do (delay) beside them
-    faults = ALL if NO_NAMESPACES else ["delay"]
+    if NO_NAMESPACES is None and not UNSUPPORTED:
+        pytest.skip("namespaces, tc netem and nftables cover every fault here")
+    # every fault without namespaces; beside them, only what they cannot make here
+    faults = ALL if NO_NAMESPACES else [k for k in ALL if k in UNSUPPORTED]
     proc, result = _run(tmp_path, "--mode", "proxy", "--faults", ",".join(faults))
     output = proc.stdout + proc.stderr
     assert result is not None and result["mode"] == "proxy", output
