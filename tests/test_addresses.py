@@ -93,3 +93,17 @@ def test_a_ucx_transport_this_host_lacks_is_one_line_and_exit_2():
     line = out.stderr.strip().splitlines()[-1]
     assert line == ("pdmesh decode: --ucx-transports/--ucx-net-devices: the UCX backend did "
                     "not start with UCX_TLS=nosuch (nixlBackendError)"), out.stderr
+
+
+def test_up_on_every_interface_advertises_loopback_to_its_children():
+    from pdmesh.supervisor import Plan
+
+    plan = Plan(host="0.0.0.0", bootstrap_port=7000)
+    assert plan.bootstrap == "127.0.0.1:7000"
+    for child in plan.children():
+        args = child.argv
+        assert args[args.index("--host") + 1] == "0.0.0.0"
+        assert args[args.index("--advertise-address") + 1] == "127.0.0.1", args
+    named = Plan(host="0.0.0.0", advertise_address="10.1.1.1").children()
+    assert all("10.1.1.1" in c.argv for c in named)
+    assert "--advertise-address" not in Plan().children()[0].argv  # the default is unchanged
