@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--decode", type=int, default=1, help="decode processes (default 1)")
     up.add_argument("--host", default="127.0.0.1", help="address every service binds")
+    up.add_argument("--advertise-address", default=None, metavar="HOST",
+                    help="what every service registers and the others dial (default: --host; "
+                    "127.0.0.1 when --host is 0.0.0.0)")
     up.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP port (8000)")
     up.add_argument("--grpc-port", type=int, default=50051, help="router gRPC port (50051)")
     up.add_argument("--bootstrap-port", type=int, default=50050, help="bootstrap port (50050)")
@@ -305,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             prefill=args.prefill, decode=args.decode,
             host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
             bootstrap_port=args.bootstrap_port, gpu_memory_fraction=args.gpu_memory_fraction,
-            extra=_extra_args(args),
+            extra=_extra_args(args), advertise_address=args.advertise_address,
         )
         if plan.prefill < 1 or plan.decode < 1:
             parser.error("--prefill and --decode must be at least 1")
@@ -331,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
 
         setup_logging("up")  # for_up logs where the certificates are, or --insecure's warning
         try:
-            with meshcerts.for_up(args.certs, args.insecure, args.host) as certs_dir:
+            with meshcerts.for_up(args.certs, args.insecure, plan.advertised) as certs_dir:
                 plan.certs = certs_dir
                 return _run_up(args, plan)
         except meshcerts.CertsError as e:

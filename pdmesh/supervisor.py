@@ -29,6 +29,7 @@ from anyio.abc import Process
 
 from libs.member import sizing
 from libs.member.serve import EXIT_CANNOT_START
+from libs.rpc.addresses import WILDCARDS
 
 log = logging.getLogger("pdmesh.up")
 
@@ -66,10 +67,19 @@ class Plan:
     gpu_memory_fraction: float = sizing.DEFAULT_GPU_MEMORY_FRACTION  # of the GPU, all members
     extra: dict[str, list[str]] = field(default_factory=dict)
     certs: Path | None = None  # a `pdmesh certs` set: each child gets its role's certificate
+    advertise_address: str | None = None  # what the children register (default: --host)
+
+    @property
+    def advertised(self) -> str:
+        """What every child registers and dials: --advertise-address, else --host, else
+        (a wildcard bind: every child is on this host) 127.0.0.1."""
+        if self.advertise_address:
+            return self.advertise_address
+        return "127.0.0.1" if self.host in WILDCARDS else self.host
 
     @property
     def bootstrap(self) -> str:
-        return f"{self.host}:{self.bootstrap_port}"
+        return f"{self.advertised}:{self.bootstrap_port}"
 
     @property
     def member_memory_fraction(self) -> float:
@@ -79,12 +89,14 @@ class Plan:
     def children(self) -> list[Child]:
         base = [sys.executable, "-m", "pdmesh.cli"]
         common = ["--bootstrap", self.bootstrap, "--host", self.host]
+        if self.advertised != self.host:
+            common += ["--advertise-address", self.advertised]
         member = [*common, "--model", self.model, "--device", self.device, "--dtype", self.dtype,
                   "--weights", self.weights, "--kv-transfer", self.kv_transfer,
                   "--prefix-cache", self.prefix_cache]
         if sizing.is_cuda(self.device):
             member += ["--gpu-memory-fraction", f"{self.member_memory_fraction:.6g}"]
-        out = [Child("bootstrap", [*base, "bootstrap", "--host", self.host,
+        out = [Child("bootstrap", [*base, "bootstrap", *common[2:],
                                    "--port", str(self.bootstrap_port)], "bootstrap")]
         for i in range(self.prefill):
             out.append(Child(f"prefill-{i}", [*base, "prefill", "--name", f"prefill-{i}", *member,
@@ -185,7 +197,7 @@ def _signal(process: Process, signum: int) -> None:
 
 
 async def _announce_ready(plan: Plan) -> None:
-    url = f"http://{plan.host}:{plan.http_port}/health"
+    url = f"http://{plan.advertised}:{plan.http_port}/health"
     started = time.monotonic()
     while True:
         if await anyio.to_thread.run_sync(_healthy, url):

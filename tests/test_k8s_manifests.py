@@ -133,9 +133,9 @@ def test_members_bind_the_stable_name_their_headless_service_publishes(role):
 @pytest.mark.parametrize("role", ("bootstrap", "prefill", "decode"))
 def test_readiness_is_grpc_health_on_the_served_port(role, monkeypatch, capsys):
     probe = container(role)["readinessProbe"]["exec"]["command"]
-    assert probe[:3] == ["python", "-m", "pdmesh.healthcheck"]
+    assert probe[:4] == ["python", "-m", "pdmesh.healthcheck", "grpc"]
     monkeypatch.setenv("POD_NAME", STAND_IN["POD_NAME"])
-    address = __import__("os").path.expandvars(probe[3])
+    address = __import__("os").path.expandvars(probe[4])
     args = parsed(role)
     host, port = address.rsplit(":", 1)
     assert int(port) == args.port
@@ -143,8 +143,8 @@ def test_readiness_is_grpc_health_on_the_served_port(role, monkeypatch, capsys):
         assert host == args.host  # the name the member bound and registered
     # the probe's own flags parse (and it fails, exit 1, against nothing listening)
     monkeypatch.setattr("sys.argv", ["healthcheck"])
-    assert healthcheck_main(["127.0.0.1:1", "--timeout", "0.2",
-                             *probe[4:]]) == 1
+    assert healthcheck_main(["grpc", "127.0.0.1:1", "--timeout", "0.2",
+                             *probe[5:]]) == 1
 
 
 def test_router_readiness_is_its_http_health():

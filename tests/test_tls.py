@@ -120,8 +120,8 @@ def _bootstrap(*flags: str) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.mark.parametrize("server_tls, client_tls, words", [
-    (False, True, "this process uses TLS"),
-    (True, False, "requires TLS"),
+    (False, True, "this process uses TLS (--tls-cert "),
+    (True, False, "requires TLS and this process runs plaintext (no --tls-cert)"),
 ])
 def test_tls_and_plaintext_refuse_each_other_in_one_line(certs, server_tls, client_tls, words):
     process, address = _bootstrap(*(_flags(certs, "bootstrap") if server_tls else []))

@@ -14,9 +14,10 @@ import anyio
 from google.protobuf.descriptor import ServiceDescriptor
 
 from libs import faults
-from libs.member import sizing
+from libs.member import sizing, ucx
 from libs.member.formats import FORMATS
 from libs.member.timeouts import TIMEOUTS
+from libs.rpc import addresses
 from libs.rpc.http import asgi_server, listen, serve_http
 from libs.rpc.membership import Membership, bootstrap_flag
 from libs.rpc.server import start_server
@@ -44,7 +45,7 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument(
         "--name", default=None, help=f"member name, stable across restarts (default {role}-PID)"
     )
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    addresses.add_arguments(parser)
     parser.add_argument("--port", type=int, default=0, help="gRPC port (default: a free one)")
     parser.add_argument(
         "--bootstrap", default="127.0.0.1:50050", type=bootstrap_flag,
@@ -118,6 +119,7 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str) -> None:
         help="TEST ONLY: fault injection points, e.g. 'pause_between_chunks=2,"
         "decode-0:delay_notifications=0.5' (default: none, or $PDMESH_FAULTS; see libs/faults)",
     )
+    ucx.add_arguments(parser)
 
 
 async def serve_member(
@@ -132,6 +134,7 @@ async def serve_member(
     # process (bootstrap, router and supervisor included), which must not pay for them
     from libs.engine.weight_budget import ModelTooLarge
     from libs.member.kv_member import DoesNotFit, KvMember
+    from libs.transfer.errors import BackendUnavailable
     from libs.transfer.kvwire import UnsupportedKvShape
 
     role, role_name = service_class.role, service_class.role_name
@@ -140,6 +143,8 @@ async def serve_member(
         injected = faults.Faults.parse(args.faults, name)
     except ValueError as e:
         raise SystemExit(f"pdmesh {role_name}: --faults: {e}") from None
+    host = addresses.advertised_host(args, role_name)
+    ucx.apply(args)  # before the agent exists: UCX reads its environment once
     why = sizing.check_device(args.device)
     if why is not None:
         raise cannot_start(f"pdmesh {role_name}: --device {args.device}: {why}")
@@ -155,6 +160,9 @@ async def serve_member(
         )
     except DoesNotFit as e:
         raise cannot_start(f"pdmesh {role_name}: {e}") from None
+    except BackendUnavailable as e:
+        raise cannot_start(f"pdmesh {role_name}: --ucx-transports/--ucx-net-devices: {e}") \
+            from None
     except UnsupportedKvShape as e:
         raise SystemExit(f"pdmesh {role_name}: --kv-transfer {args.kv_transfer}: {e}") from None
     except ModelTooLarge as e:  # restarting cannot help: the supervisor must not retry it
@@ -177,9 +185,9 @@ async def serve_member(
     running = await start_server(args.host, args.port, [
         (descriptor, service), (cpb.DESCRIPTOR.services_by_name["Admin"], service),
     ])
-    address = f"{args.host}:{running.port}"
+    address = addresses.join(host, running.port)
     metrics_sock = listen(args.host, args.metrics_port)
-    metrics_address = f"{args.host}:{metrics_sock.getsockname()[1]}"
+    metrics_address = addresses.join(host, metrics_sock.getsockname()[1])
     membership = Membership(
         args.bootstrap,
         me=member.registration(address, metrics_address),

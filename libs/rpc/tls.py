@@ -15,6 +15,7 @@ naming the file and the flag, never a handshake that fails later.
 from __future__ import annotations
 
 import datetime
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -158,6 +159,31 @@ def require_role(config: TlsConfig, role: str) -> None:
                        f"certificate; `pdmesh {role}` needs a {role} certificate")
 
 
+def names_of(cert: x509.Certificate) -> list[str]:
+    """The DNS names and IPs a certificate may serve (its subject alternative names)."""
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return [*sans.get_values_for_type(x509.DNSName),
+            *(str(ip) for ip in sans.get_values_for_type(x509.IPAddress))]
+
+
+def require_name(config: TlsConfig, host: str) -> None:
+    """A service refuses to advertise a host its certificate does not name: every peer
+    that dials it would fail the handshake's hostname check, one request at a time."""
+    names = names_of(x509.load_pem_x509_certificate(config.cert))
+    wanted = host.strip("[]").lower()
+    try:
+        wanted = str(ipaddress.ip_address(wanted))
+    except ValueError:
+        pass
+    if wanted not in (n.lower() for n in names):
+        raise TlsError(f"{_where(CERT_ENV, config.cert_path)}: does not name {host} (it names "
+                       f"{', '.join(names) or 'no host'}); issue it with `pdmesh certs DIR "
+                       f"--host {host}`")
+
+
 def channel_credentials(config: TlsConfig) -> grpc.ChannelCredentials:
     return grpc.ssl_channel_credentials(
         root_certificates=config.ca, private_key=config.key, certificate_chain=config.cert
@@ -188,5 +214,5 @@ def unavailable_hint() -> str:
         config = None
     if config is None:
         return "down, or it requires TLS and this process runs plaintext (no --tls-cert)"
-    return (f"down, or a TLS mismatch: this process uses TLS ({config.role} certificate) "
-            "and the peer runs plaintext or trusts another CA")
+    return (f"down, or a TLS mismatch: this process uses TLS (--tls-cert {config.cert_path}, "
+            f"a {config.role} certificate) and the peer runs plaintext or trusts another CA")

@@ -9,13 +9,20 @@ polled by :func:`libs.transfer.wait.wait` with short sleeps, so the loop never b
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 import torch
 from nixl import _bindings
 from nixl._api import nixl_agent, nixl_agent_config, nixl_xfer_handle
 
-from libs.transfer.errors import LayoutMismatch, PeerExists, TransferFailed, UnknownPeer
+from libs.transfer.errors import (
+    BackendUnavailable,
+    LayoutMismatch,
+    PeerExists,
+    TransferFailed,
+    UnknownPeer,
+)
 from libs.transfer.layout import PageIds, PoolLayout, plan
 
 log = logging.getLogger(__name__)
@@ -166,7 +173,13 @@ class KvAgent:
         )
         config = nixl_agent_config(enable_prog_thread=progress_thread, backends=[])
         self._agent = nixl_agent(name, config)
-        self._agent.create_backend("UCX", backend_params or {})
+        try:
+            self._agent.create_backend("UCX", backend_params or {})
+        except NIXL_ERRORS as exc:
+            chosen = ", ".join(f"{k}={os.environ[k]}" for k in ("UCX_TLS", "UCX_NET_DEVICES")
+                               if k in os.environ) or "UCX defaults"
+            raise BackendUnavailable(f"the UCX backend did not start with {chosen} "
+                                     f"({type(exc).__name__})") from None
         self._reg = self._agent.register_memory(pool_tensor)
         self._peers: set[str] = set()
         self._live: set[Transfer] = set()  # posted writes whose handles are not released

@@ -33,3 +33,9 @@ class PeerExists(TransferError):
 
 class LayoutMismatch(TransferError, ValueError):
     """Page ids or page sizes that do not fit the local or peer pool layout."""
+
+
+class BackendUnavailable(TransferError):
+    """UCX did not start with this process's settings (UCX_TLS / UCX_NET_DEVICES naming a
+    transport or device this host lacks): the member cannot serve, and restarting it with
+    the same settings would fail the same way."""

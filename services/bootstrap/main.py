@@ -8,6 +8,7 @@ import os
 
 import anyio
 
+from libs.rpc import addresses
 from libs.rpc.dump import dump
 from libs.rpc.handlers import contained
 from libs.rpc.http import asgi_server, listen, serve_http
@@ -38,7 +39,7 @@ class BootstrapAdmin(cgrpc.AdminServicer):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    addresses.add_arguments(parser)
     parser.add_argument("--port", type=int, default=50050, help="gRPC port (default 50050)")
     parser.add_argument(
         "--lease", type=float, default=5.0, help="seconds a member lives without KeepAlive"
@@ -74,10 +75,11 @@ def make_store(text: str, lease: float) -> MembershipStore:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    host = addresses.advertised_host(args, "bootstrap")
     registry = make_store(args.store, args.lease)
     service = BootstrapService(registry)
     metrics_sock = listen(args.host, args.metrics_port)
-    metrics_address = f"{args.host}:{metrics_sock.getsockname()[1]}"
+    metrics_address = addresses.join(host, metrics_sock.getsockname()[1])
     running = await start_server(
         args.host,
         args.port,

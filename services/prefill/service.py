@@ -82,6 +82,18 @@ class Job(Request):
         return self.peer.ref
 
 
+RECLAIM_EVERY_S = 1.0  # how often withheld pages are asked for a late fence
+
+
+@dataclass(frozen=True)
+class Withheld:
+    """A request's pages kept out of use because a write of them missed its fence."""
+
+    key: object
+    pages: list[int]
+    transfers: list
+
+
 @dataclass(kw_only=True)
 class PrefillConfig(MemberConfig):
     chunk_tokens: int = 256
@@ -102,10 +114,28 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
         )
         super().__init__(member, config, epoch, self.scheduler)
         self._failures_to_inject = member.faults.fail_prefills  # off unless injected
+        self.withheld: list[Withheld] = []  # pages whose writes missed their fence
 
     async def run(self) -> None:
-        """The service's own task: the prefill scheduler."""
-        await self.scheduler.run()
+        """The service's own tasks: the prefill scheduler, and the late fences of
+        withheld pages."""
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self.scheduler.run)
+            tg.start_soon(self._reclaim_withheld)
+
+    async def _reclaim_withheld(self, every: float = RECLAIM_EVERY_S) -> None:
+        """Give back withheld pages once every write of theirs is fenced after all (it
+        finished or failed late, as writes over a lossy link do, or its peer's agent was
+        dropped): the same test a fence makes, asked again, so a slow link costs pages
+        for as long as a write may still read them, not for the rest of the process."""
+        while True:
+            await anyio.sleep(every)
+            for kept in list(self.withheld):
+                if all([await fence(t, 0.0) for t in kept.transfers]):  # a list: ask each
+                    self.withheld.remove(kept)
+                    self.member.pool.free(kept.pages)
+                    log.warning("room %s: its writes were fenced late; %d withheld pages "
+                                "freed", kept.key, len(kept.pages))
 
     # ---- admission ---------------------------------------------------------------
 
@@ -351,6 +381,7 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
                           job.key, len(job.pages))
                 for transfer in job.transfers:  # kept with the pages, not leaked
                     transfer.withheld = not transfer.released
+                self.withheld.append(Withheld(job.key, job.pages, job.transfers))
             self.table.remove(job.key)
             self.requests.pop(job.key, None)
             self.ended.add(job.key)

@@ -11,6 +11,7 @@ import anyio
 
 from libs.engine.specs import load_tokenizer
 from libs.member.bounds import MAX_TOP_LOGPROBS
+from libs.rpc import addresses
 from libs.rpc.http import asgi_server, serve_http
 from libs.rpc.membership import Membership, bootstrap_flag
 from libs.rpc.server import start_server
@@ -35,7 +36,7 @@ STOP_SECONDS = 5.0  # uvicorn's own graceful stop is 1 s; this bounds it
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", default=None, help="member name (default router-PID)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    addresses.add_arguments(parser)
     parser.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP port (8000)")
     parser.add_argument("--grpc-port", type=int, default=50051, help="gRPC Generate port (50051)")
     parser.add_argument(
@@ -139,6 +140,7 @@ def served_model_id(spec: str) -> str:
 async def serve(args: argparse.Namespace) -> None:
     name = args.name or f"router-{os.getpid()}"
     limits = request_limits(args)
+    host = addresses.advertised_host(args, "router")
     try:
         config, tokenizer = await anyio.to_thread.run_sync(load_tokenizer, args.model)
     except ValueError as e:  # a model it cannot serve: one line, not a traceback
@@ -168,8 +170,8 @@ async def serve(args: argparse.Namespace) -> None:
         me=bpb.Member(
             role=cpb.ROUTER,
             name=name,
-            address=f"{args.host}:{running.port}",
-            http_address=f"{args.host}:{args.http_port}",
+            address=addresses.join(host, running.port),
+            http_address=addresses.join(host, args.http_port),
         ),
         on_join=[pairing.on_join],
         on_leave=[pairing.on_leave],

@@ -153,6 +153,11 @@ async def test_a_forged_transfer_info_moves_no_byte(tiny_mesh):
     request = ppb.PrefillRequest(key=forged.key, prompt_tokens=list(range(5, 25)),
                                  transfer=forged, sampling=cpb.SamplingParams(top_p=1,
                                                                               max_tokens=1))
+    def moved() -> int:
+        return sum(m["kv_transfer_bytes_moved_total"] or 0
+                   for m in tiny_mesh.status()["members"] if m["role"] == "prefill")
+
+    moved_before = await anyio.to_thread.run_sync(moved)
     codes = {}
     client = mesh_config(tiny_mesh, "client")
     for who, config in (("no certificate", None), ("a client of the CA", client)):
@@ -171,6 +176,7 @@ async def test_a_forged_transfer_info_moves_no_byte(tiny_mesh):
     for m in status["members"]:
         if m["role"] in ("prefill", "decode"):
             assert m["rooms"] == {} and m["kv_pages_used"] == 0 and m["inflight"] == 0
+    assert await anyio.to_thread.run_sync(moved) == moved_before  # not one KV byte written
 
 
 def test_write_set_is_private(tmp_path):
