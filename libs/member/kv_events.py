@@ -91,7 +91,8 @@ class KvEventsService(kgrpc.KvEventsServicer):
 
     def _event(self, kind: int, keys: list[bytes]) -> kpb.KvCacheEvent:
         return kpb.KvCacheEvent(member=self.me(), model=self.model, kind=kind,
-                                page_keys=keys, page_size=self.page_size)
+                                page_keys=keys, page_size=self.page_size,
+                                enabled=self.hub.cache is not None)
 
     @contained
     async def Subscribe(self, request, context):

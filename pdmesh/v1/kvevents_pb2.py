@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from pdmesh.v1 import common_pb2 as pdmesh_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdmesh/v1/kvevents.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\x11\n\x0fKvEventsRequest\"\xd8\x01\n\x0cKvCacheEvent\x12\"\n\x06member\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\x12\r\n\x05model\x18\x02 \x01(\t\x12*\n\x04kind\x18\x03 \x01(\x0e\x32\x1c.pdmesh.v1.KvCacheEvent.Kind\x12\x11\n\tpage_keys\x18\x04 \x03(\x0c\x12\x11\n\tpage_size\x18\x05 \x01(\r\"C\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08SNAPSHOT\x10\x01\x12\n\n\x06STORED\x10\x02\x12\x0b\n\x07REMOVED\x10\x03\x32N\n\x08KvEvents\x12\x42\n\tSubscribe\x12\x1a.pdmesh.v1.KvEventsRequest\x1a\x17.pdmesh.v1.KvCacheEvent0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18pdmesh/v1/kvevents.proto\x12\tpdmesh.v1\x1a\x16pdmesh/v1/common.proto\"\x11\n\x0fKvEventsRequest\"\xe9\x01\n\x0cKvCacheEvent\x12\"\n\x06member\x18\x01 \x01(\x0b\x32\x12.pdmesh.v1.PeerRef\x12\r\n\x05model\x18\x02 \x01(\t\x12*\n\x04kind\x18\x03 \x01(\x0e\x32\x1c.pdmesh.v1.KvCacheEvent.Kind\x12\x11\n\tpage_keys\x18\x04 \x03(\x0c\x12\x11\n\tpage_size\x18\x05 \x01(\r\x12\x0f\n\x07\x65nabled\x18\x06 \x01(\x08\"C\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0c\n\x08SNAPSHOT\x10\x01\x12\n\n\x06STORED\x10\x02\x12\x0b\n\x07REMOVED\x10\x03\x32N\n\x08KvEvents\x12\x42\n\tSubscribe\x12\x1a.pdmesh.v1.KvEventsRequest\x1a\x17.pdmesh.v1.KvCacheEvent0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,9 +35,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_KVEVENTSREQUEST']._serialized_start=63
   _globals['_KVEVENTSREQUEST']._serialized_end=80
   _globals['_KVCACHEEVENT']._serialized_start=83
-  _globals['_KVCACHEEVENT']._serialized_end=299
-  _globals['_KVCACHEEVENT_KIND']._serialized_start=232
-  _globals['_KVCACHEEVENT_KIND']._serialized_end=299
-  _globals['_KVEVENTS']._serialized_start=301
-  _globals['_KVEVENTS']._serialized_end=379
+  _globals['_KVCACHEEVENT']._serialized_end=316
+  _globals['_KVCACHEEVENT_KIND']._serialized_start=249
+  _globals['_KVCACHEEVENT_KIND']._serialized_end=316
+  _globals['_KVEVENTS']._serialized_start=318
+  _globals['_KVEVENTS']._serialized_end=396
 # @@protoc_insertion_point(module_scope)

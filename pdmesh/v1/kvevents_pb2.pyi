@@ -13,7 +13,7 @@ class KvEventsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class KvCacheEvent(_message.Message):
-    __slots__ = ("member", "model", "kind", "page_keys", "page_size")
+    __slots__ = ("member", "model", "kind", "page_keys", "page_size", "enabled")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         KIND_UNSPECIFIED: _ClassVar[KvCacheEvent.Kind]
@@ -29,9 +29,11 @@ class KvCacheEvent(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     PAGE_KEYS_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
     member: _common_pb2.PeerRef
     model: str
     kind: KvCacheEvent.Kind
     page_keys: _containers.RepeatedScalarFieldContainer[bytes]
     page_size: int
-    def __init__(self, member: _Optional[_Union[_common_pb2.PeerRef, _Mapping]] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[KvCacheEvent.Kind, str]] = ..., page_keys: _Optional[_Iterable[bytes]] = ..., page_size: _Optional[int] = ...) -> None: ...
+    enabled: bool
+    def __init__(self, member: _Optional[_Union[_common_pb2.PeerRef, _Mapping]] = ..., model: _Optional[str] = ..., kind: _Optional[_Union[KvCacheEvent.Kind, str]] = ..., page_keys: _Optional[_Iterable[bytes]] = ..., page_size: _Optional[int] = ..., enabled: _Optional[bool] = ...) -> None: ...

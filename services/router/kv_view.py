@@ -9,8 +9,9 @@ never steer a request. A member that (re)joins starts from an empty view.
 The view is a hint, never a promise: the member's own cache decides what is served (and
 verifies token ids), so a stale view costs only a worse placement. The router also
 remembers its own recent placements (``predict``): the pages of a prompt it just sent to
-a pair count as held there for ``ttl`` seconds, which covers the moment between a turn's
-end and its pages' STORED events, so the next turn of the conversation follows it.
+a pair whose caches are on count as held there for ``ttl`` seconds, which covers the
+moment between a turn's end and its pages' STORED events, so the next turn of the
+conversation follows it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class MemberView:
     keys: set[bytes] = field(default_factory=set)
     predicted: dict[bytes, float] = field(default_factory=dict)  # key -> expiry
     synced: bool = False  # a SNAPSHOT of this epoch arrived
+    enabled: bool = False  # the member said its prefix cache is on
 
 
 class KvView:
@@ -61,7 +63,7 @@ class KvView:
         keys = event.page_keys
         if event.kind == kpb.KvCacheEvent.SNAPSHOT:
             view.keys = set(keys)
-            view.synced = True
+            view.synced, view.enabled = True, event.enabled
         elif event.kind == kpb.KvCacheEvent.STORED:
             view.keys.update(keys)
         elif event.kind == kpb.KvCacheEvent.REMOVED:
@@ -98,9 +100,10 @@ class KvView:
 
     def predict(self, name: str, keys: Sequence[bytes]) -> None:
         """The router placed a prompt of these pages on ``name``: count them held there for
-        ``ttl`` seconds, and forget expired predictions."""
+        ``ttl`` seconds, and forget expired predictions. Not for a member that has not said
+        its cache is on (no snapshot yet, or --prefix-cache off): it will hold nothing."""
         view = self.members.get(name)
-        if view is None:
+        if view is None or not view.enabled:
             return
         now = self.clock()
         if len(view.predicted) > 4 * len(keys) + 1024:

@@ -57,9 +57,9 @@ def test_landing_outcomes():
     assert landing(mixed, [a, b, mixed]) == "elsewhere"  # the decode with KV was passed over
 
 
-def event(kind, keys, name="d0", epoch=1, model=MODEL) -> kpb.KvCacheEvent:
+def event(kind, keys, name="d0", epoch=1, model=MODEL, enabled=True) -> kpb.KvCacheEvent:
     return kpb.KvCacheEvent(member=cpb.PeerRef(name=name, epoch=epoch), model=model, kind=kind,
-                            page_keys=keys, page_size=16)
+                            page_keys=keys, page_size=16, enabled=enabled)
 
 
 def test_view_applies_events_of_the_paired_epoch_and_model_only():
@@ -94,10 +94,18 @@ def test_predictions_count_until_they_expire():
     view = KvView(ttl=2.0, clock=lambda: now[0])
     keys = page_keys(MODEL, 16, list(range(80)))
     view.join("p0", 1, MODEL)
+    view.predict("p0", keys[:4])  # no snapshot yet: nothing is known to be cached there
+    assert view.held("p0", keys) == 0
+    view.apply("p0", event(kpb.KvCacheEvent.SNAPSHOT, [], name="p0"))
     view.predict("p0", keys[:4])
     assert view.held("p0", keys) == 4
     now[0] += 2.5
     assert view.held("p0", keys) == 0
+    # a member whose cache is off never counts as holding what was sent to it
+    view.join("p1", 1, MODEL)
+    view.apply("p1", event(kpb.KvCacheEvent.SNAPSHOT, [], name="p1", enabled=False))
+    view.predict("p1", keys[:4])
+    assert view.held("p1", keys) == 0
 
 
 def test_router_keys_equal_the_members_cache_keys():
@@ -129,6 +137,7 @@ async def test_pairing_follows_the_kv_and_spreads_cold_conversations():
         for i, (role, name) in enumerate([(cpb.PREFILL, "p0"), (cpb.PREFILL, "p1"),
                                           (cpb.DECODE, "d0"), (cpb.DECODE, "d1")]):
             pairing.on_join(member(role, name, 1 + i))
+            pairing.view.apply(name, event(kpb.KvCacheEvent.SNAPSHOT, [], name=name))
         a, b = list(range(200)), list(range(5000, 5200))
         pa, pb = pairing.pick(prompt=a), pairing.pick(prompt=b)
         names = lambda p: (p.prefill.member.name, p.decode.member.name)  # noqa: E731
@@ -140,9 +149,7 @@ async def test_pairing_follows_the_kv_and_spreads_cold_conversations():
         # the decode's own events (longer: prompt and answer) pull toward it too
         keys = page_keys(MODEL, 16, b)
         other_decode = "d0" if names(pb)[1] == "d1" else "d1"
-        pairing.view.apply(other_decode, kpb.KvCacheEvent(
-            member=cpb.PeerRef(name=other_decode, epoch=1), model=MODEL,
-            kind=kpb.KvCacheEvent.STORED, page_keys=keys))
+        pairing.view.apply(other_decode, event(kpb.KvCacheEvent.STORED, keys, name=other_decode))
         assert names(pairing.pick(prompt=b))[0] == names(pb)[0]
         # a member that restarts (new epoch) forgets what its old epoch held
         pairing.on_join(member(cpb.PREFILL, names(pa)[0], 9, epoch=2))
