@@ -7,7 +7,8 @@ a member that restarted with an empty cache, begins from the truth and stays in 
 the STORED/REMOVED events that follow. A subscriber that falls more than ``max_backlog``
 events behind is ended UNAVAILABLE rather than buffered without bound: it subscribes again
 and gets a fresh SNAPSHOT. Every event names this member's epoch and model fingerprint,
-which the router checks against the registration it paired with.
+which the router checks against the registration it paired with. Under mutual TLS only a
+router's certificate may subscribe (page keys say which prompts a member has seen).
 
 ``record`` may be called from any thread (the pool's cache changes where pages are
 allocated and freed): it only appends under a lock and wakes the subscriber's loop.
@@ -23,6 +24,7 @@ from collections.abc import Callable
 import grpc
 
 from libs.engine.prefix_cache import PrefixCache
+from libs.rpc import tls
 from libs.rpc.handlers import RpcError, contained
 from pdmesh.v1 import common_pb2 as cpb
 from pdmesh.v1 import kvevents_pb2 as kpb
@@ -96,6 +98,10 @@ class KvEventsService(kgrpc.KvEventsServicer):
 
     @contained
     async def Subscribe(self, request, context):
+        role = tls.peer_role(context)  # None over plaintext (--insecure)
+        if role is not None and role != "router":  # page keys say which prompts it holds
+            raise RpcError(grpc.StatusCode.PERMISSION_DENIED,
+                           f"cache events are for routers; this is a {role} certificate")
         subscriber, keys = self.hub.subscribe()
         try:
             await context.write(self._event(kpb.KvCacheEvent.SNAPSHOT, keys))

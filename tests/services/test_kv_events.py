@@ -26,6 +26,9 @@ class FakeContext:
         self.sent: list[kpb.KvCacheEvent] = []
         self.code: grpc.StatusCode | None = None
 
+    def auth_context(self) -> dict:
+        return {}  # plaintext: no peer certificate
+
     async def write(self, message) -> None:
         self.sent.append(message)
 
