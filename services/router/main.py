@@ -89,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kv-routing", choices=["on", "off"], default="on",
         help="pair each request by the prefix-cache pages its prefill and decode hold "
-        "(members' cache events) and their load; off: by load alone (default on)",
+        "(members' cache events) and their load; off: by load alone, still counting where "
+        "requests landed (default on)",
     )
 
 
@@ -179,8 +180,7 @@ async def serve(args: argparse.Namespace) -> None:
             tg.start_soon(membership.run)
             tg.start_soon(serve_http, http, STOP_SECONDS)
             tg.start_soon(_close_retired, pairing)
-            if pairing.kv_routing:
-                tg.start_soon(follow_members, pairing)
+            tg.start_soon(follow_members, pairing)  # with --kv-routing off: to count landings
     finally:
         with anyio.move_on_after(3.0, shield=True):
             await running.stop(0.5)

@@ -6,7 +6,8 @@ registered with different formats are never paired, and when no compatible pair
 is left the NoPair error says why each candidate pair was skipped.
 
 With ``kv_routing`` off the pair is the least loaded one (ties by name), whatever the
-members hold. The router counts its own in-flight requests per member; membership comes
+members hold (the view still counts where each request landed, for comparison). The
+router counts its own in-flight requests per member; membership comes
 from the bootstrap's Watch. Stubs are created lazily per member epoch, so a
 restarted member (new epoch) never receives calls on the old one's channel.
 """
@@ -14,7 +15,7 @@ restarted member (new epoch) never receives calls on the old one's channel.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import grpc
 
@@ -118,7 +119,7 @@ class Pairing:
                     continue
                 layout = p.member.layout
                 prompt_keys: list[bytes] = []
-                if self.kv_routing and prompt:
+                if prompt:
                     at = (layout.model, layout.page_size)
                     if at not in keys:
                         keys[at] = page_keys(layout.model, layout.page_size, prompt)
@@ -136,12 +137,16 @@ class Pairing:
             raise NoPair(f"no reachable prefill/decode pair with matching KV layouts{detail}")
         scored = [c for c, _ in candidates]
         page_size = candidates[0][1].prefill.member.layout.page_size or 1
-        chosen = kv_score.best(scored, len(prompt), page_size, self.weights)
+        if self.kv_routing:
+            chosen = kv_score.best(scored, len(prompt), page_size, self.weights)
+        else:  # by load alone; the view still says where the turn landed
+            blind = [replace(c, prefill_hit=0, decode_hit=0, placed=0) for c in scored]
+            chosen = scored[blind.index(kv_score.best(blind, len(prompt), page_size))]
         pair = candidates[scored.index(chosen)][1]
         if prompt:
             self.on_route(kv_score.landing(chosen, scored))
             at = (pair.prefill.member.layout.model, page_size)
-            if at in keys:  # what this placement will leave cached on both members
+            if self.kv_routing and at in keys:  # what it will leave cached on both members
                 self.view.predict(chosen.prefill, keys[at])
                 self.view.predict(chosen.decode, keys[at])
             pair.prefill.placed += 1
