@@ -13,6 +13,7 @@ import os
 
 import anyio
 import grpc
+import httpx
 import pytest
 
 from libs.rpc.calls import open_channel
@@ -84,6 +85,13 @@ async def test_greedy_tokens_identical_and_later_turns_cheaper(meshes):
             < 0.75 * p_off["kv_transfer_bytes_moved_total"])
     assert p_off["kv_transfer_bytes_skipped_total"] == 0
     assert p_off["prefix_cache_hits_total"] == 0 and p_off["kv_pages_cached"] == 0
+    # caching off is a cache of 0 pages: the router's view stays empty, every turn is cold
+    off_metrics = httpx.get(f"http://127.0.0.1:{off.http_port}/metrics", timeout=10).text
+    routes = [line for line in off_metrics.splitlines()
+              if line.startswith("pdmesh_kv_routes_total{")]
+    assert routes and all('outcome="cold"' in line for line in routes), routes
+    assert all(line.endswith(" 0.0") for line in off_metrics.splitlines()
+               if line.startswith("pdmesh_kv_view_pages{")), off_metrics
     # Quiescent, and what the caches keep is reported apart from kv_pages_used.
     for m in (p_on, d_on):
         assert m["kv_pages_used"] == 0 and m["kv_pages_cached"] > 0
