@@ -129,7 +129,7 @@ class Pairing:
                     prefill_hit=self.view.held(p.member.name, prompt_keys),
                     decode_hit=self.view.held(d.member.name, prompt_keys),
                     load=p.inflight + d.inflight,
-                    placed=(p.placed + d.placed) if self.kv_routing else 0,
+                    placed=p.placed + d.placed,
                     avoided=(p.member.name in avoid) + (d.member.name in avoid),
                 ), Pair(p, d)))
         if not candidates:
