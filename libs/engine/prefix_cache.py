@@ -21,6 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 Hasher = Callable[[bytes, Sequence[int]], bytes]
+# Told of every change to the index: ("stored" | "removed", the page keys). The member
+# streams these to the router (libs/member/kv_events.py), which routes by them.
+Listener = Callable[[str, list[bytes]], None]
 
 
 def chained_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
@@ -28,6 +31,21 @@ def chained_hash(parent: bytes, tokens: Sequence[int]) -> bytes:
     h = hashlib.blake2b(parent, digest_size=16)
     h.update(b"".join(t.to_bytes(4, "little") for t in tokens))
     return h.digest()
+
+
+def root_key(fingerprint: str) -> bytes:
+    """The parent key of a prompt's first page: the model's, so weights never share."""
+    return hashlib.blake2b(fingerprint.encode(), digest_size=16).digest()
+
+
+def page_keys(fingerprint: str, page_size: int, tokens: Sequence[int]) -> list[bytes]:
+    """The keys of the full pages of ``tokens``, as the cache of that model names them
+    (the router matches them against the members' cache events)."""
+    keys, parent = [], root_key(fingerprint)
+    for i in range(len(tokens) // page_size):
+        parent = chained_hash(parent, tokens[i * page_size : (i + 1) * page_size])
+        keys.append(parent)
+    return keys
 
 
 @dataclass(frozen=True)
@@ -41,7 +59,7 @@ class Entry:
 class PrefixCache:
     def __init__(self, fingerprint: str, page_size: int, hasher: Hasher = chained_hash):
         self.page_size = page_size
-        self.root = hashlib.blake2b(fingerprint.encode(), digest_size=16).digest()
+        self.root = root_key(fingerprint)
         self._hash = hasher
         self._entries: dict[bytes, Entry] = {}
         self._by_page: dict[int, Entry] = {}
@@ -51,6 +69,7 @@ class PrefixCache:
         self.query_tokens = 0
         self.hit_tokens = 0
         self.collisions = 0
+        self.listener: Listener | None = None
 
     def __contains__(self, page: int) -> bool:
         return page in self._by_page
@@ -59,6 +78,10 @@ class PrefixCache:
     def idle(self) -> int:
         """Cached pages no request holds: free-able on demand."""
         return len(self._idle)
+
+    def keys(self) -> list[bytes]:
+        """Every cached page's key (what a new subscriber to the events starts from)."""
+        return list(self._entries)
 
     def is_idle(self, page: int) -> bool:
         return page in self._idle
@@ -104,7 +127,7 @@ class PrefixCache:
         """Index the held full pages ``pages`` of ``tokens`` (page i holds tokens of page
         i). A page whose prefix is cached elsewhere already stays out (the caller frees
         it). The caller keeps its reference. Returns the pages that entered."""
-        parent, entered = self.root, 0
+        parent, stored = self.root, []
         for i, page in enumerate(pages[: len(tokens) // self.page_size]):
             chunk = tuple(tokens[i * self.page_size : (i + 1) * self.page_size])
             key = self._hash(parent, chunk)
@@ -113,19 +136,24 @@ class PrefixCache:
                 entry = Entry(key, parent, chunk, page)
                 self._entries[key] = self._by_page[page] = entry
                 self._refs[page] = 1
-                entered += 1
+                stored.append(key)
             elif existing is not None and (existing.tokens != chunk or existing.parent != parent):
                 self.collisions += 1
                 break  # a collision: what follows would chain from the wrong prefix
             parent = key
-        return entered
+        if stored and self.listener is not None:
+            self.listener("stored", stored)
+        return len(stored)
 
     def evict(self, n: int) -> list[int]:
         """Forget the ``n`` least recently used idle pages; returns them for the pool."""
-        out = []
+        out, removed = [], []
         while len(out) < n and self._idle:
             page, _ = self._idle.popitem(last=False)
             entry = self._by_page.pop(page)
             del self._entries[entry.key], self._refs[page]
             out.append(page)
+            removed.append(entry.key)
+        if removed and self.listener is not None:
+            self.listener("removed", removed)
         return out

@@ -182,8 +182,15 @@ async def serve_member(
         await anyio.to_thread.run_sync(service.prepare)
     except DoesNotFit as e:
         raise cannot_start(f"pdmesh {role_name}: {e}") from None
+    # the prefix cache's changes, for the router's KV-aware pairing (libs/member/kv_events.py)
+    from libs.member.kv_events import KvEventHub, KvEventsService
+    from pdmesh.v1 import kvevents_pb2
+
+    kv_events = KvEventsService(KvEventHub(member.pool.cache), service.ref,
+                                member.layout.model, member.pool.page_size)
     running = await start_server(args.host, args.port, [
         (descriptor, service), (cpb.DESCRIPTOR.services_by_name["Admin"], service),
+        (kvevents_pb2.DESCRIPTOR.services_by_name["KvEvents"], kv_events),
     ])
     address = addresses.join(host, running.port)
     metrics_sock = listen(args.host, args.metrics_port)

@@ -11,7 +11,11 @@ with ``--prefix-cache off`` and the second with ``on`` (same model, same flags e
 Per side it reports TTFT p50 per turn index and of turns 2.., the prompt tokens the
 prefills computed, the KV bytes moved to the decodes and those skipped (the decode held
 them), the members' prefix-cache hit rates, and whether the greedy tokens of every turn
-are identical on both sides. Prints a table, writes the JSON to ``--out``.
+are identical on both sides. With several prefills or decodes (``--prefill N --decode N``)
+it also reports where the router placed the turns (``pdmesh_kv_routes_total``: landed on
+the pair holding the most of the prompt's KV, elsewhere, or cold) and the requests each
+member served, and their spread (most over fewest, per role). Prints a table, writes the
+JSON to ``--out``.
 """
 
 from __future__ import annotations
@@ -94,21 +98,51 @@ def _delta(before: dict, after: dict, role: str, key: str) -> int:
                for n in after if after[n]["role"] == role and n in before)
 
 
+def _routes(mesh) -> dict[str, float]:
+    """The router's pdmesh_kv_routes_total by outcome."""
+    import re
+
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{mesh.http_port}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("pdmesh_kv_routes_total{"):
+            [outcome] = re.findall(r'outcome="([^"]*)"', line)
+            out[outcome] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _placement(before: dict, after: dict, routes0: dict, routes1: dict) -> dict:
+    routes = {k: routes1.get(k, 0) - routes0.get(k, 0) for k in ("landed", "elsewhere", "cold")}
+    warm = routes["landed"] + routes["elsewhere"]
+    served = {n: (after[n].get("requests_total") or 0) - (before[n].get("requests_total") or 0)
+              for n in after if n in before}
+    spread = {}
+    for role in ("prefill", "decode"):
+        counts = [served[n] for n in served if after[n]["role"] == role]
+        spread[role] = max(counts) / min(counts) if counts and min(counts) else None
+    return {"routes": routes, "landed_rate": routes["landed"] / warm if warm else None,
+            "requests_by_member": served, "requests_spread": spread}
+
+
 def side(args, cache: str, out_dir: Path) -> dict:
     """Start a mesh with --prefix-cache ``cache``, run the conversations, stop it."""
     from pdmesh.localmesh import start_mesh, wait_quiet
 
     up = [*shlex.split(args.mesh_args), "--prefix-cache", cache]
     mesh = start_mesh(out_dir, model=args.model, device=args.device, timeout=300.0,
-                      up_args=up)
+                      up_args=up, prefill=args.prefill, decode=args.decode)
     try:
         before = _members(mesh.status())
+        routes0 = _routes(mesh)
         t0 = time.perf_counter()
         convs = anyio.run(_conversations, f"127.0.0.1:{mesh.grpc_port}", args.conversations,
                           args.turns, args.opening_words, args.turn_words, args.turn_tokens,
                           args.concurrency)
         wall = time.perf_counter() - t0
         after = _members(wait_quiet(mesh, 30.0))
+        routes1 = _routes(mesh)
     finally:
         mesh.stop()
     per_turn = []
@@ -135,6 +169,7 @@ def side(args, cache: str, out_dir: Path) -> dict:
         "decode_hit_rate": d_hits / d_asked if d_asked else None,
         "kv_pages_used_after": sum(m["kv_pages_used"] or 0 for m in after.values()),
         "tokens": [[t.tokens for t in c] for c in convs],
+        **_placement(before, after, routes0, routes1),
     }
 
 
@@ -151,7 +186,8 @@ def run(args) -> int:
                      "turns": args.turns, "opening_words": args.opening_words,
                      "turn_words": args.turn_words,
                      "turn_tokens": args.turn_tokens, "concurrency": args.concurrency,
-                     "model": args.model, "device": args.device, "mesh_args": args.mesh_args},
+                     "model": args.model, "device": args.device, "mesh_args": args.mesh_args,
+                     "prefill": args.prefill, "decode": args.decode},
         "greedy_tokens_identical": identical,
         "sides": sides,
     }
@@ -184,3 +220,9 @@ def print_table(result: dict) -> None:
               f"{s['errors']}")
     print("TTFT p50 in ms per turn index; greedy tokens identical on both sides: "
           f"{result['greedy_tokens_identical']}")
+    for s in result["sides"]:
+        if len(s["requests_by_member"]) > 2:  # a choice of pairs: where did turns land?
+            rate, spread = s["landed_rate"], s["requests_spread"]
+            print(f"cache {s['prefix_cache']}: routes {s['routes']}, later turns landed "
+                  f"{pct(rate)}; requests {s['requests_by_member']}, spread (most/fewest) "
+                  + ", ".join(f"{r} {v:.2f}" if v else f"{r} -" for r, v in spread.items()))

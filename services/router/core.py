@@ -325,7 +325,7 @@ class MeshClient:
         progress.room, progress.stage = key.room.hex(), "queued"
         try:
             with span("pair selection"):
-                pair = self.pairing.pick(avoid)
+                pair = self.pairing.pick(avoid, prompt)
         except NoPair as e:
             raise MeshError(str(e), grpc.StatusCode.UNAVAILABLE) from None
         with pair:

@@ -23,6 +23,8 @@ from services.router.admission import AdmissionQueue
 from services.router.backend import MeshBackend
 from services.router.core import MeshClient
 from services.router.grpc_api import GenerateService
+from services.router.kv_view import KvView
+from services.router.kv_watch import follow_members
 from services.router.metrics import RouterMetrics
 from services.router.openai_api import create_app
 from services.router.openai_schema import RequestLimits
@@ -87,6 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"'authorization' metadata); /health and /metrics stay open (default ${API_KEY_ENV}; "
         "none: open)",
     )
+    parser.add_argument(
+        "--kv-routing", choices=["on", "off"], default="on",
+        help="pair each request by the prefix-cache pages its prefill and decode hold "
+        "(members' cache events) and their load; off: by load alone, still counting where "
+        "requests landed (default on)",
+    )
 
 
 def queue_bound(text: str) -> int:
@@ -146,8 +154,10 @@ async def serve(args: argparse.Namespace) -> None:
     except ValueError as e:  # a model it cannot serve: one line, not a traceback
         raise SystemExit(f"pdmesh router: --model: {e}") from None
     model_id = served_model_id(args.model)
-    pairing = Pairing()
     metrics = RouterMetrics(name)
+    pairing = Pairing(view=KvView(on_ignored=metrics.kv_event_ignored),
+                      kv_routing=args.kv_routing == "on", on_route=metrics.kv_route)
+    metrics.watch_view(pairing.view)
     queue = AdmissionQueue(args.max_queue, args.queue_timeout, on_depth=metrics.queue_depth.set)
     mesh = MeshClient(
         pairing, default_budget=args.request_timeout, retries=args.retries,
@@ -185,6 +195,7 @@ async def serve(args: argparse.Namespace) -> None:
             tg.start_soon(membership.run)
             tg.start_soon(serve_http, http, STOP_SECONDS)
             tg.start_soon(_close_retired, pairing)
+            tg.start_soon(follow_members, pairing)  # with --kv-routing off: to count landings
     finally:
         with anyio.move_on_after(3.0, shield=True):
             await running.stop(0.5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 
 from libs.tracing.metrics import SpanLossCollector
 
@@ -68,6 +69,30 @@ class RouterMetrics:
             registry=self.registry,
         ).labels(**labels)
 
+        self.kv_routes = Counter(
+            "pdmesh_kv_routes",
+            "Pair choices by where the prompt's cached KV was: landed (on the prefill and "
+            "decode holding the most of it), elsewhere, cold (no member held any)",
+            [*names, "outcome"], registry=self.registry,
+        )
+        self.kv_events_ignored = Counter(
+            "pdmesh_kv_events_ignored",
+            "Members' cache events ignored: of another epoch than the one paired with, of "
+            "another model, or of an unknown kind",
+            [*names, "reason"], registry=self.registry,
+        )
+
+    def watch_view(self, view) -> None:
+        """Export the size of the router's view of each member's prefix cache
+        (services/router/kv_view.py): once converged it equals the member's cached pages."""
+        self.registry.register(_ViewCollector(self._labels, view))
+
+    def kv_route(self, outcome: str) -> None:
+        self.kv_routes.labels(**self._labels, outcome=outcome).inc()
+
+    def kv_event_ignored(self, reason: str) -> None:
+        self.kv_events_ignored.labels(**self._labels, reason=reason).inc()
+
     def outcome(self, outcome: str) -> None:
         self.requests.labels(**self._labels, outcome=outcome).inc()
 
@@ -82,3 +107,17 @@ class RouterMetrics:
 
     def text(self) -> str:
         return generate_latest(self.registry).decode()
+
+
+class _ViewCollector:
+    def __init__(self, labels: dict[str, str], view) -> None:
+        self.labels = labels
+        self.view = view
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "pdmesh_kv_view_pages", "Prefix-cache pages the router knows a member holds "
+            "(from its cache events)", labels=[*self.labels, "member"])
+        for member, seen in list(self.view.members.items()):
+            family.add_metric([*self.labels.values(), member], len(seen.keys))
+        yield family

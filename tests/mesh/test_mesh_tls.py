@@ -4,7 +4,8 @@ Registrations without a certificate, with a certificate of another CA, or from a
 certificate of another role than the one registered are refused and leave the
 bootstrap's member table as it was; a client without a certificate learns no member's
 NIXL metadata; a TransferInfo the decode never granted moves no byte even from a
-client holding a certificate of the mesh's CA (the decode's HMAC grant)."""
+client holding a certificate of the mesh's CA (the decode's HMAC grant); a member's cache
+events go to routers only."""
 
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ from pdmesh.localmesh import free_ports, wait_quiet
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import bootstrap_pb2_grpc as bgrpc
 from pdmesh.v1 import common_pb2 as cpb
+from pdmesh.v1 import kvevents_pb2 as kpb
+from pdmesh.v1 import kvevents_pb2_grpc as kgrpc
 from pdmesh.v1 import prefill_pb2 as ppb
 from pdmesh.v1 import prefill_pb2_grpc as pgrpc
 
@@ -223,3 +226,26 @@ def test_up_makes_a_private_set_hands_it_out_and_removes_it(tmp_path):
         process.send_signal(signal.SIGTERM)
         process.wait(30)
     assert not directory.exists()
+
+
+async def test_only_a_router_certificate_reads_a_members_cache_events(tiny_mesh):
+    """Page keys say which prompts a member has seen: a client or a prefill of the mesh's
+    own CA is refused KvEvents.Subscribe; a router's certificate gets the snapshot."""
+    _, listed = await members(tiny_mesh)
+    decode = next(m for m in listed if m.role == cpb.DECODE)
+    outcomes = {}
+    for role in ("client", "prefill", "router"):
+        ch = channel(decode.address, mesh_config(tiny_mesh, role))
+        try:
+            call = kgrpc.KvEventsStub(ch).Subscribe(kpb.KvEventsRequest(), timeout=10)
+            try:
+                first = await call.read()
+                outcomes[role] = (first.kind, first.member.name, first.member.epoch)
+            except grpc.aio.AioRpcError as e:
+                outcomes[role] = e.code()
+            call.cancel()
+        finally:
+            await ch.close()
+    assert outcomes == {"client": grpc.StatusCode.PERMISSION_DENIED,
+                        "prefill": grpc.StatusCode.PERMISSION_DENIED,
+                        "router": (kpb.KvCacheEvent.SNAPSHOT, decode.name, decode.epoch)}

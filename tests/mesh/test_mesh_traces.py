@@ -171,3 +171,27 @@ def _export_failed(url: str) -> float:
                 if line.startswith("pdmesh_trace_spans_dropped_total")
                 and 'cause="export_failed"' in line)
     return float(line.split()[-1])
+
+
+async def test_the_trace_names_cached_computed_and_moved_tokens(traced):
+    """The same prompt twice: the second request's prefill call says how much of it the
+    prefill found cached, how much it computed, and how much KV moved (the decode held the
+    rest); the first computed and moved it all."""
+    mesh, receiver = traced
+    prompt = "lighthouse keeper logs the tide " * 12
+    calls = []
+    for _ in range(2):
+        before = len(roots_since(receiver, 0, 0))
+        assert await run(mesh, prompt, 3) == 3
+        root = roots_since(receiver, 0, before + 1)[-1]
+        spans = settled_trace(receiver, root, {"pdmesh-router", "pdmesh-prefill",
+                                               "pdmesh-decode"})
+        calls.append(by_service(spans, "pdmesh-router", "prefill call")["attributes"])
+        await anyio.to_thread.run_sync(wait_quiet, mesh, 5.0)  # pages sealed and cached
+    first, second = calls
+    n = first["pdmesh.prompt.cached_tokens"] + first["pdmesh.prompt.computed_tokens"]
+    assert first["pdmesh.prompt.cached_tokens"] == 0 and first["pdmesh.kv.moved_tokens"] == n
+    assert second["pdmesh.prompt.cached_tokens"] >= 16
+    assert second["pdmesh.prompt.cached_tokens"] + second["pdmesh.prompt.computed_tokens"] == n
+    assert second["pdmesh.kv.held_tokens"] >= 16
+    assert second["pdmesh.kv.held_tokens"] + second["pdmesh.kv.moved_tokens"] == n
