@@ -1,6 +1,7 @@
 # pdmesh on a fresh machine.
 #   make up     create .venv if missing, install, run the whole mesh (Ctrl-C stops it)
 #   make test   create or update .venv with the dev extras, run the whole test suite
+#   make gpu-smoke  one fast test per GPU path (pytest -m gpu_smoke; skips without CUDA)
 #   make bench  the mesh vs transformers benchmark (`pdmesh bench`); flags in BENCH_ARGS,
 #               e.g. make bench BENCH_ARGS="--model tiny --tokens 8 --streams 2"
 
@@ -14,7 +15,7 @@ TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?= --durations=25
 BENCH_ARGS ?=
 
-.PHONY: up test install install-dev protos lint bench clean
+.PHONY: up test gpu-smoke install install-dev protos lint bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +41,11 @@ up: install
 test: install-dev
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Only the files that hold gpu_smoke tests are collected, so the tier runs where the dev-only
+# client libraries (openai, aetcd) are absent, as on a GPU machine with the runtime wheels.
+gpu-smoke: install-dev
+	$(PY) -m pytest -q -m gpu_smoke $$(grep -rl --include='test_*.py' gpu_smoke tests)
 
 protos: install
 	$(PY) -m pdmesh.protogen

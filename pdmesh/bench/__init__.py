@@ -184,7 +184,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     suite.add_argument("--skip-kv", action="store_true",
                        help="no NVFP4 KV mesh (nor the greedy prompts it is compared on)")
     suite.add_argument("--chunk-tokens", type=int, default=None,
-                       help="the meshes' prefill chunk (default: the prefill's own, 256); at "
+                       help="the meshes' prefill chunk (default: the prefill's own); at "
                        "least the prompt: one chunk, one KV write")
     load.add_argument("--ttft-slo", type=float, default=2.0, metavar="S",
                       help="goodput: time to first token at most S seconds (default 2)")

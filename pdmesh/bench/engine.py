@@ -32,13 +32,11 @@ import torch
 from libs.engine.engine import DecodeSeq, Engine, PrefillSeq
 from libs.engine.kvpool import KvPool
 from libs.engine.loader import LoadedModel, load_model
-from libs.member.sizing import default_max_batch
+from libs.member.sizing import default_max_batch, default_prefill_tokens
 from pdmesh.bench.progress import Progress
 from pdmesh.bench.prompts import chat
 from pdmesh.bench.workload import Record, Request, Workload, summarize
 
-CHUNK_TOKENS = 256  # the prefill service's defaults (pdmesh prefill --help)
-PACK_TOKENS = 512
 PAGE_SIZE = 16
 
 
@@ -59,6 +57,8 @@ class EngineAlone:
                  max_batch: int | None = None) -> None:
         device = str(loaded.weights.device)
         self.max_batch = max_batch or default_max_batch(device)
+        # the prefill service's defaults on this device (pdmesh prefill --help)
+        self.chunk_tokens, self.pack_tokens = default_prefill_tokens(device)
         need = 1
         for w in workloads:
             per_request = sorted((-(-(len(r.prompt_ids) + r.output_tokens) // PAGE_SIZE)
@@ -132,9 +132,9 @@ class EngineAlone:
                       progress: Progress) -> None:
         """The next chunk of each admitted prompt, as many as fit one pack."""
         pack: list[tuple[_Stream, int]] = []
-        budget = PACK_TOKENS
+        budget = self.pack_tokens
         for s in prefilling:
-            n = min(CHUNK_TOKENS, len(s.request.prompt_ids) - s.prefilled)
+            n = min(self.chunk_tokens, len(s.request.prompt_ids) - s.prefilled)
             if pack and n > budget:
                 break
             pack.append((s, n))
@@ -183,12 +183,12 @@ def breakdown(alone: EngineAlone, long_ids: list[int], short: list[list[int]],
         return 1e3 * min(times[1:])
 
     def chunked():
-        for s in range(0, len(long_ids), CHUNK_TOKENS):
-            eng.prefill(long_ids[s : s + CHUNK_TOKENS], long_pages, s)
+        for s in range(0, len(long_ids), alone.chunk_tokens):
+            eng.prefill(long_ids[s : s + alone.chunk_tokens], long_pages, s)
 
     pos = max(map(len, short)) + tokens // 2
     res = {
-        "prefill_long_chunked_ms": best_ms(chunked, 2), "chunk_tokens": CHUNK_TOKENS,
+        "prefill_long_chunked_ms": best_ms(chunked, 2), "chunk_tokens": alone.chunk_tokens,
         "prefill_long_tokens": len(long_ids),
         "prefill_one_chat_ms": best_ms(lambda: eng.prefill(short[0], pages[0]), 3),
         "decode_context": pos,

@@ -29,7 +29,7 @@ def markdown(r: dict) -> str:
         f"torch {r['torch']})", "",
         f"Read bandwidth (torch bf16 matrix-vector product {bw.get('shape')}, same run): "
         f"{_f(bw.get('gb_s'))} GB/s. Prefill chunk: "
-        f"{r['sizes']['chunk_tokens'] or 'the prefill default (256)'} tokens.",
+        f"{r['sizes']['chunk_tokens'] or 'the prefill default'} tokens.",
         "", f"| figure | native ({r['dtype']}) | NVFP4 | NVFP4 / native |", "|---|---|---|---|",
     ]
 

@@ -21,9 +21,9 @@ beside it) when it ends, so a run cut short keeps what it measured:
    prompt's KV moved, and the same greedy prompts, compared token by token with the
    native KV's.
 
-The meshes prefill as the service does by default (256-token chunks, each chunk's KV
-written while the next one computes), so a room's KV transfer is reported as what it
-costs a request: its bytes, and its tail (pdmesh_kv_transfer_tail_seconds: after the
+The meshes prefill as the service does by default (the device's default chunks, each
+chunk's KV written while the next one computes), so a room's KV transfer is reported as
+what it costs a request: its bytes, and its tail (pdmesh_kv_transfer_tail_seconds: after the
 last chunk was computed, the staging, the writes still in flight and the notifying
 write), beside the TTFT of the same prompt. --chunk-tokens N prefills in chunks of N
 instead (N at least the prompt: one chunk, one write, so the tail is the whole transfer;
