@@ -181,7 +181,10 @@ class Suite:
         # the decode captures graphs up to the sweep's largest batch too: that they fit
         # beside the prefill on one card is part of what the run shows
         max_batch = max(ints(a.batches) + ints(a.sweep))
-        up = f"--kv-transfer {kv} --decode-args {shlex.quote(f'--max-batch {max_batch}')}"
+        # no prefix cache: each repetition must compute and move the whole prompt again,
+        # or the best of two would report a cache hit as prefill and transfer speed
+        up = (f"--kv-transfer {kv} --prefix-cache off "
+              f"--decode-args {shlex.quote(f'--max-batch {max_batch}')}")
         if self.chunk_tokens():
             chunk = self.chunk_tokens()
             up += f" --prefill-args '--chunk-tokens {chunk} --max-batch-tokens {chunk}'"
