@@ -7,6 +7,17 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402  (after the environment above, which must precede torch)
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Every test leaves os.environ as it found it: in-process CLI calls move flags such
+    as --tls-cert into the environment, which would turn later tests' clients to TLS."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """The real SmolLM2 loaded once per session (~11 s of CPU a load on a 2-core host);

@@ -111,6 +111,10 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
         self._to_fence, self._fence_queue = anyio.create_memory_object_stream[Slot](
             config.max_rooms
         )
+        # Releases cut short by their bound while the batch still held the sequence.
+        self._to_finish, self._late_releases = anyio.create_memory_object_stream[Slot](
+            config.max_rooms
+        )
 
     def prepare(self) -> None:
         """Capture the decode graphs for every batch this service can step (CUDA)."""
@@ -122,6 +126,7 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
             tg.start_soon(self.batcher.run)
             tg.start_soon(self._poll_notifications)
             tg.start_soon(self._fence_quarantine)
+            tg.start_soon(self._finish_late_releases)
 
     # ---- admission ---------------------------------------------------------------
 
@@ -300,7 +305,29 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
         while a write may still land in them."""
         if slot.seq is not None:  # the batcher lets go of it within one step
             self.batcher.cancel(slot.seq)
+            try:
+                await slot.seq.released.wait()
+            except anyio.get_cancelled_exc_class():
+                # The release's bound ran out before the step ended (a host too loaded to
+                # finish one step in time): the rest of the release waits for the batch
+                # to let go, so the room's pages are kept until then, never lost.
+                self._to_finish.send_nowait(slot)
+                raise
+        return self._release_pages(slot)
+
+    async def _finish_late_releases(self) -> None:
+        async def finish(slot: Slot) -> None:
             await slot.seq.released.wait()
+            outcome = self._release_pages(slot)
+            log.warning("room %s: released late (%s)", slot.key, outcome)
+
+        async with anyio.create_task_group() as tg:
+            async for slot in self._late_releases:
+                tg.start_soon(finish, slot)
+
+    def _release_pages(self, slot: Slot) -> str:
+        """The release once no step can touch the pages: free them, or quarantine them
+        while a write may still land."""
         self.requests.pop(slot.key, None)
         if slot.ready is None and not slot.writer_fenced:
             # KvReady never came: a write may still land in these pages.
