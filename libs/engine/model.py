@@ -217,7 +217,7 @@ def attention_block(h: torch.Tensor, lw: LayerWeights, c: ModelConfig, cos: torc
     hold each row's position, broadcasting over heads ([B, 1, D] or [1, T, 1, D])."""
     qkv = linear(h, lw.wqkv)
     lead, d = qkv.shape[:-1], c.head_dim
-    if _fused(qkv):
+    if _fused(qkv) and d & (d - 1) == 0:  # the kernel's halves are power-of-two blocks
         from libs.kernels import fused_layer
 
         q, k = fused_layer.rope_qk(qkv, cos, sin, c.n_heads, c.n_kv_heads, d)

@@ -110,6 +110,8 @@ def rope_qk(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, n_heads: in
     """RoPE (HF rotate_half layout) on the q and k heads of qkv [..., (H + 2 Hkv) * D],
     with cos/sin [rows, D] of each row's position: q [..., H, D] and k [..., Hkv, D],
     new contiguous tensors, in one kernel. head_dim must be a power of two."""
+    if head_dim < 2 or head_dim & (head_dim - 1):
+        raise ValueError(f"rope_qk needs a power-of-two head_dim, got {head_dim}")
     rows = _rows(qkv)
     n = rows.shape[0]
     cos, sin = cos.reshape(n, head_dim), sin.reshape(n, head_dim)
