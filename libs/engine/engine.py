@@ -31,8 +31,7 @@ from .attention import DecodeAttention, PrefillAttention
 from .config import ModelConfig
 from .graphs import DecodeGraphs
 from .kvpool import KvPool
-from .model import Weights, apply_rope, rms_norm, rope_tables, swiglu_mlp
-from .nvfp4 import linear
+from .model import Weights, add_rms_norm, attention_block, rms_norm, rope_tables, swiglu_mlp
 
 DEFAULT_MAX_BATCH = 256  # the largest decode graph bucket unless the engine is told less
 
@@ -252,8 +251,7 @@ class Engine:
         are garbage). max_len bounds the sequences' lengths: it sizes the split of
         attention over long contexts, so a graph passes its capacity."""
         c, w = self.config, self.weights
-        b = inputs.shape[0]
-        h, hkv, d = c.n_heads, c.n_kv_heads, c.head_dim
+        b, hkv = inputs.shape[0], c.n_kv_heads
         positions = inputs[:, POSITION]
         splits = 1
         if self.device.type == "cuda":
@@ -266,15 +264,34 @@ class Engine:
         cos = self.cos[positions][:, None, :]  # [B, 1, D]
         sin = self.sin[positions][:, None, :]
         x = w.embed[inputs[:, TOKEN]]  # [B, dim]
-        for layer, lw in enumerate(w.layers):
-            qkv = linear(rms_norm(x, lw.attn_norm, c.norm_eps), lw.wqkv)
-            q, k, v = qkv.split([c.q_dim, c.kv_dim, c.kv_dim], -1)
-            q = apply_rope(q.view(b, h, d), cos, sin)
-            k = apply_rope(k.view(b, hkv, d), cos, sin)
-            x = x + linear(attend(q, k, v.view(b, hkv, d), layer), lw.wo)
-            x = x + swiglu_mlp(rms_norm(x, lw.ffn_norm, c.norm_eps), lw)
-        x = rms_norm(x, w.norm, c.norm_eps)
-        return F.linear(x, w.lm_head).float()
+        x = self._layers(x, cos, sin, attend)
+        return F.linear(rms_norm(x, w.norm, c.norm_eps), w.lm_head).float()
+
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                attend: Callable[..., torch.Tensor],
+                should_stop: Callable[[], bool] | None = None) -> torch.Tensor:
+        """Every layer over the residual stream x (updated in place, and returned), for
+        decode and prefill alike. Each residual add is fused with the RMSNorm after it
+        (model.add_rms_norm): attention's with the layer's ffn_norm, the MLP's with the
+        next layer's attn_norm; the last MLP's is a plain add, the final norm the
+        caller's (prefill norms only the rows whose logits it returns)."""
+        c, layers = self.config, self.weights.layers
+        h = rms_norm(x, layers[0].attn_norm, c.norm_eps)
+        for layer, lw in enumerate(layers):
+            if should_stop is not None and should_stop():
+                # Every request of this pass is gone: stop at a layer boundary rather than
+                # finish a forward nobody will read (the KV written so far is garbage).
+                raise ForwardCancelled(f"stopped before layer {layer}")
+            attn = attention_block(h, lw, c, cos, sin, attend, layer)
+            h = add_rms_norm(x, attn, lw.ffn_norm, c.norm_eps)
+            if should_stop is not None and should_stop():  # and halfway: a long pack's
+                raise ForwardCancelled(f"stopped in layer {layer}")  # layer is ~40 ms on CPU
+            mlp = swiglu_mlp(h, lw)
+            if layer + 1 < len(layers):
+                h = add_rms_norm(x, mlp, layers[layer + 1].attn_norm, c.norm_eps)
+            else:
+                x.add_(mlp)
+        return x
 
     def _prefill_forward(
         self,
@@ -285,23 +302,9 @@ class Engine:
         should_stop: Callable[[], bool] | None = None,  # checked between layers
     ) -> torch.Tensor:
         c, w = self.config, self.weights
-        t = tokens.shape[0]
-        h, hkv, d = c.n_heads, c.n_kv_heads, c.head_dim
         cos = self.cos[positions][None, :, None, :]  # [1, T, 1, D]
         sin = self.sin[positions][None, :, None, :]
         x = w.embed[tokens][None]  # [1, T, dim]
-        for layer, lw in enumerate(w.layers):
-            if should_stop is not None and should_stop():
-                # Every request of this pass is gone: stop at a layer boundary rather than
-                # finish a forward nobody will read (the KV written so far is garbage).
-                raise ForwardCancelled(f"stopped before layer {layer}")
-            qkv = linear(rms_norm(x, lw.attn_norm, c.norm_eps), lw.wqkv)
-            q, k, v = qkv.split([c.q_dim, c.kv_dim, c.kv_dim], -1)
-            q = apply_rope(q.view(1, t, h, d), cos, sin)
-            k = apply_rope(k.view(1, t, hkv, d), cos, sin)
-            x = x + linear(attend(q, k, v.view(1, t, hkv, d), layer), lw.wo)
-            if should_stop is not None and should_stop():  # and halfway: a long pack's
-                raise ForwardCancelled(f"stopped in layer {layer}")  # layer is ~40 ms on CPU
-            x = x + swiglu_mlp(rms_norm(x, lw.ffn_norm, c.norm_eps), lw)
+        x = self._layers(x, cos, sin, attend, should_stop)
         x = rms_norm(x[0, out_index], w.norm, c.norm_eps)  # only these logits are used
         return F.linear(x, w.lm_head).float()

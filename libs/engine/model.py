@@ -1,11 +1,16 @@
 """Llama weights as plain tensors plus the per-layer math (RMSNorm, RoPE, SwiGLU).
 
 q/k/v are fused into one ``wqkv`` matrix and gate/up into ``w_gate_up`` so that a layer does
-three big matmuls instead of six small ones; on CPU that is most of decode's time.
+three big matmuls instead of six small ones; on CPU that is most of decode's time. On CUDA
+the elementwise math between them runs as one Triton kernel per piece (residual add with
+RMSNorm, RoPE on q and k, SiLU * up: libs/kernels/fused_layer.py), since there a decode
+step's cost is mostly its number of kernels; the torch ops here are the CPU path and the
+reference those kernels are tested against.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -147,11 +152,42 @@ def random_weights_on_device(
     return Weights(embed=embed, layers=layers, norm=norm, lm_head=lm_head)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+# Where the fused Triton kernels (libs/kernels/fused_layer.py) replace the torch ops below:
+# None (the default) on CUDA tensors only; on CPU the torch ops are the fast path and the
+# reference. True: everywhere, which on CPU needs Triton's interpreter (TRITON_INTERPRET=1),
+# for tests and bench/layer_ops.py. False: nowhere, for GPU tests against the torch ops.
+FUSED_KERNELS: bool | None = None
+
+
+def _fused(x: torch.Tensor) -> bool:
+    return x.is_cuda if FUSED_KERNELS is None else FUSED_KERNELS
+
+
+def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF Llama RMSNorm: normalise in fp32, scale in the model dtype."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF Llama RMSNorm: normalise in fp32, scale in the model dtype."""
+    if _fused(x):
+        from libs.kernels import fused_layer
+
+        return fused_layer.rms_norm(x, weight, eps)
+    return _torch_rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> torch.Tensor:
+    """The residual add, in place (``x += delta``), then RMSNorm of the sum: the pair every
+    block boundary of a layer has, one kernel where the fused kernels run."""
+    if _fused(x):
+        from libs.kernels import fused_layer
+
+        return fused_layer.add_rms_norm(x, delta, weight, eps)
+    return _torch_rms_norm(x.add_(delta), weight, eps)
 
 
 def rope_tables(
@@ -173,6 +209,31 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def attention_block(h: torch.Tensor, lw: LayerWeights, c: ModelConfig, cos: torch.Tensor,
+                    sin: torch.Tensor, attend: Callable[..., torch.Tensor],
+                    layer: int) -> torch.Tensor:
+    """A layer's attention on its normed input h [..., dim] (decode [B, dim], prefill
+    [1, T, dim]): qkv, RoPE, ``attend(q, k, v, layer)`` over the KV pool, wo. cos/sin
+    hold each row's position, broadcasting over heads ([B, 1, D] or [1, T, 1, D])."""
+    qkv = linear(h, lw.wqkv)
+    lead, d = qkv.shape[:-1], c.head_dim
+    if _fused(qkv) and d & (d - 1) == 0:  # the kernel's halves are power-of-two blocks
+        from libs.kernels import fused_layer
+
+        q, k = fused_layer.rope_qk(qkv, cos, sin, c.n_heads, c.n_kv_heads, d)
+    else:
+        q = apply_rope(qkv[..., : c.q_dim].view(*lead, c.n_heads, d), cos, sin)
+        k = apply_rope(qkv[..., c.q_dim : c.q_dim + c.kv_dim].view(*lead, c.n_kv_heads, d),
+                       cos, sin)
+    v = qkv[..., c.q_dim + c.kv_dim :].view(*lead, c.n_kv_heads, d)
+    return linear(attend(q, k, v, layer), lw.wo)
+
+
 def swiglu_mlp(x: torch.Tensor, lw: LayerWeights) -> torch.Tensor:
-    gate, up = linear(x, lw.w_gate_up).chunk(2, -1)
+    gate_up = linear(x, lw.w_gate_up)
+    if _fused(gate_up):
+        from libs.kernels import fused_layer
+
+        return linear(fused_layer.silu_mul(gate_up), lw.w_down)
+    gate, up = gate_up.chunk(2, -1)
     return linear(F.silu(gate) * up, lw.w_down)
