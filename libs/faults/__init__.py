@@ -34,6 +34,7 @@ class Faults:
     stall_forward: float = 0.0  # seconds the compute thread blocks before each forward pass
     # decode
     delay_notifications: float = 0.0  # seconds each received notification is held
+    stall_step: float = 0.0  # seconds the compute thread blocks before each decode step
 
     @property
     def active(self) -> bool:

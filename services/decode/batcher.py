@@ -16,6 +16,7 @@ newest when the pool runs dry (`services/decode/growth.py`).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -82,9 +83,10 @@ class Sequence:
 
 class Batcher(ComputeLoop):
     def __init__(self, engine: Engine, eos_token_ids: Iterable[int], max_batch: int = 64,
-                 stall_after: float = TIMEOUTS.decode_stall_seconds):
+                 stall_after: float = TIMEOUTS.decode_stall_seconds, stall_step: float = 0.0):
         super().__init__(stall_after)
         self.engine = engine
+        self.stall_step = stall_step  # fault injection: a step slower than a release's bound
         self.eos_ids = frozenset(eos_token_ids)
         self.max_batch = max_batch
         self.running: list[Sequence] = []
@@ -195,6 +197,8 @@ class Batcher(ComputeLoop):
         start_step, 0 unless this is a preempted request's re-run), so its stream is the
         one a colocated, unpreempted run would sample.
         """
+        if self.stall_step:
+            time.sleep(self.stall_step)  # blocks the compute thread, as a starved host would
         sampling = BatchSampling.build(
             [s.params for s in seqs], [s.seed for s in seqs],
             [s.params.start_step + s.generated for s in seqs], self.engine.device,

@@ -102,6 +102,7 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
             member.engine, member.loaded.tokenizer.eos_token_ids, config.max_batch,
             stall_after=TIMEOUTS.decode_stall_seconds if member.stall_after is None
             else member.stall_after,
+            stall_step=member.faults.stall_step,
         )
         super().__init__(member, config, epoch, self.batcher)
         self.quarantine: dict[RoomKey, Slot] = {}

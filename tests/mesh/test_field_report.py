@@ -705,3 +705,25 @@ async def test_m13_a_retry_starts_only_after_the_failed_attempt_was_released(ret
         line.startswith("pdmesh_retries_total") and line.endswith(" 1.0")
         for line in metrics.splitlines())
     await anyio.to_thread.run_sync(wait_quiet, retry_mesh, 1.0)
+
+
+# A decode step longer than the decode's release bound (decode_release_seconds, 2 s), as
+# on a host too loaded to finish one step in time.
+slow_step_mesh = mesh_fixture("slowstep", "decode-0:stall_step=2.5")
+
+
+async def test_a_release_cut_short_by_a_slow_step_frees_the_room_once_the_step_ends(
+        slow_step_mesh):
+    from libs.member.timeouts import TIMEOUTS
+
+    assert TIMEOUTS.decode_release_seconds < 2.5  # the fault outlasts the bound
+    async with GenerateClient(slow_step_mesh.router) as client:
+        async for _item in client.generate(prompt="tell me a story", max_tokens=50,
+                                           ignore_eos=True):
+            break  # the prefill's token: the sequence is in the batch, mid-step
+    # cancelled mid-step: the release's bound ends first, the step later; the room and
+    # its pages must still come back (they stayed held for good when the release
+    # stopped at its bound)
+    status = await anyio.to_thread.run_sync(wait_quiet, slow_step_mesh, 15.0)
+    decode = [m for m in status["members"] if m["role"] == "decode"][0]
+    assert decode["aborts_total"] >= 1
