@@ -152,9 +152,16 @@ def test_router_readiness_is_its_http_health():
     assert probe["path"] == "/health" and probe["port"] == parsed("router").http_port
 
 
-async def test_healthcheck_follows_the_servers_grpc_health():
+async def test_healthcheck_follows_the_servers_grpc_health(monkeypatch):
+    from libs.rpc import tls
     from libs.rpc.server import start_server
     from pdmesh.healthcheck import check
+
+    # a plaintext server and probe, whatever a session-wide mesh set for this process's
+    # clients (tls.use_for_clients) or left in the environment
+    monkeypatch.setattr(tls, "_client_override", None)
+    for env in (tls.CERT_ENV, tls.KEY_ENV, tls.CA_ENV):
+        monkeypatch.delenv(env, raising=False)
 
     running = await start_server("127.0.0.1", 0, [])
     try:
