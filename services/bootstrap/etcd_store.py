@@ -38,6 +38,7 @@ import anyio
 import grpc
 from aetcd import rpc
 
+from libs.rpc.calls import unary
 from libs.rpc.options import CLIENT_OPTIONS
 from pdmesh.v1 import bootstrap_pb2 as bpb
 from pdmesh.v1 import common_pb2 as cpb
@@ -107,14 +108,14 @@ class EtcdStore:
         stored.epoch = 0  # the epoch is the key's revision, not something a writer claims
         async with self._calls():
             if member.name not in self._view:
-                count = await self.kv.Range(rpc.RangeRequest(
+                count = await unary(self.kv.Range, rpc.RangeRequest(
                     key=self.members_prefix, range_end=_range_end(self.members_prefix),
                     count_only=True), timeout=CALL_TIMEOUT)
                 if count.count >= self.max_members:
                     raise RegistryFull(f"registry holds {self.max_members} members")
-            lease = await self.leases.LeaseGrant(rpc.LeaseGrantRequest(TTL=self.ttl),
+            lease = await unary(self.leases.LeaseGrant, rpc.LeaseGrantRequest(TTL=self.ttl),
                                                  timeout=CALL_TIMEOUT)
-            put = await self.kv.Put(rpc.PutRequest(
+            put = await unary(self.kv.Put, rpc.PutRequest(
                 key=key, value=MAGIC + stored.SerializeToString(), lease=lease.ID,
                 prev_kv=True), timeout=CALL_TIMEOUT)
             if put.HasField("prev_kv") and put.prev_kv.lease:
@@ -139,7 +140,7 @@ class EtcdStore:
     async def deregister(self, name: str, epoch: int) -> None:
         key = self.members_prefix + name.encode()
         async with self._calls():
-            txn = await self.kv.Txn(rpc.TxnRequest(
+            txn = await unary(self.kv.Txn, rpc.TxnRequest(
                 compare=[rpc.Compare(key=key, target=rpc.Compare.MOD,
                                      result=rpc.Compare.EQUAL, mod_revision=epoch)],
                 success=[
@@ -193,7 +194,7 @@ class EtcdStore:
     # -- the view --------------------------------------------------------------------
 
     async def _relist(self) -> int:
-        reply = await self.kv.Range(rpc.RangeRequest(
+        reply = await unary(self.kv.Range, rpc.RangeRequest(
             key=self.members_prefix, range_end=_range_end(self.members_prefix)),
             timeout=CALL_TIMEOUT)
         fresh: dict[str, bpb.Member] = {}
@@ -297,15 +298,15 @@ class EtcdStore:
     # -- helpers ---------------------------------------------------------------------
 
     async def _current(self, name: str, epoch: int):
-        reply = await self.kv.Range(rpc.RangeRequest(key=self.members_prefix + name.encode()),
-                                    timeout=CALL_TIMEOUT)
+        key = self.members_prefix + name.encode()
+        reply = await unary(self.kv.Range, rpc.RangeRequest(key=key), timeout=CALL_TIMEOUT)
         if not reply.kvs or reply.kvs[0].mod_revision != epoch:
             raise StaleEpoch(f"{name} epoch {epoch} is not registered")
         return reply.kvs[0]
 
     async def _revoke(self, lease_id: int) -> None:
         try:
-            await self.leases.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease_id),
+            await unary(self.leases.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease_id),
                                           timeout=CALL_TIMEOUT)
         except grpc.aio.AioRpcError as e:
             if e.code() != grpc.StatusCode.NOT_FOUND:  # already expired: nothing to revoke
