@@ -8,11 +8,6 @@ triton is first imported; see test_paged_attention.py).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -22,27 +17,21 @@ from libs.engine import model  # noqa: E402
 from libs.engine.config import ModelConfig  # noqa: E402
 from libs.engine.engine import DecodeSeq, Engine  # noqa: E402
 from libs.engine.kvpool import KvPool  # noqa: E402
-
-CUDA = torch.cuda.is_available()
-INTERPRETED = not CUDA and os.environ.get("TRITON_INTERPRET") == "1"
-DEVICE = "cuda" if CUDA else "cpu"
+from tests.kernels.interpreted import (  # noqa: E402
+    CUDA,
+    DEVICE,
+    INTERPRETED,
+    kernels,
+    run_module_interpreted,
+)
 
 if CUDA or INTERPRETED:
     from libs.kernels import fused_layer as fl
-kernels = pytest.mark.skipif(not (CUDA or INTERPRETED), reason="run under the interpreter")
 
 
 def test_kernels_under_the_interpreter():
     """This module's tests, run by Triton's interpreter in a fresh process."""
-    if CUDA or INTERPRETED:
-        pytest.skip("running them in this process")
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(Path(__file__))],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout + proc.stderr
+    run_module_interpreted(__file__)
 
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
