@@ -1,7 +1,8 @@
 """Follow every paired member's KvEvents stream into the router's KvView.
 
 One subscription per registration (endpoint): started when a prefill or decode joins,
-cancelled when it leaves or is replaced by a new epoch. A stream that ends (the member
+cancelled when it leaves or is replaced by a new epoch (Pairing.on_leave cancels its
+scope, before the endpoint's channel is retired and closed). A stream that ends (the member
 restarts, the router fell behind, the connection drops) is opened again after a short
 pause while the endpoint is still registered; each new stream begins with a SNAPSHOT, so
 the view converges whatever was missed. A member that does not serve KvEvents
@@ -26,20 +27,13 @@ SCAN_SECONDS = 0.2
 
 
 async def follow_members(pairing: Pairing) -> None:
-    """Keep one subscription per registered endpoint; runs until cancelled."""
-    following: dict[int, tuple[Endpoint, anyio.CancelScope]] = {}
+    """Start a follower for each endpoint that joins; runs until cancelled."""
     async with anyio.create_task_group() as tg:
         while True:
-            current = {id(e): e for e in pairing.endpoints.values()}
-            for key, (endpoint, scope) in list(following.items()):
-                if current.get(key) is not endpoint:
-                    scope.cancel()
-                    del following[key]
-            for key, endpoint in current.items():
-                if key not in following:
-                    scope = anyio.CancelScope()
-                    following[key] = (endpoint, scope)
-                    tg.start_soon(_follow, pairing, endpoint, scope)
+            for endpoint in list(pairing.endpoints.values()):
+                if endpoint.follower is None:
+                    endpoint.follower = anyio.CancelScope()
+                    tg.start_soon(_follow, pairing, endpoint, endpoint.follower)
             await anyio.sleep(SCAN_SECONDS)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+import anyio
 import grpc
 
 from libs.engine.prefix_cache import page_keys
@@ -43,6 +44,10 @@ class Endpoint:
     placed: int = 0  # requests placed here since it joined
     # The requests using this member now, failed at once if it leaves (W5).
     requests: set = field(default_factory=set)
+    # The scope of this member's KvEvents follower (services/router/kv_watch.py). It is
+    # cancelled the moment the member leaves, before its channel is retired: a follower
+    # that outlived its channel would call on a closed one.
+    follower: anyio.CancelScope | None = None
 
     @property
     def ref(self) -> cpb.PeerRef:
@@ -86,6 +91,8 @@ class Pairing:
         old = self.endpoints.get(member.name)
         if old is not None and old.member.epoch <= member.epoch:
             del self.endpoints[member.name]
+            if old.follower is not None:
+                old.follower.cancel()
             self.view.leave(member.name, member.epoch)
             for request in list(old.requests):
                 request.lose(member.name, reason)
