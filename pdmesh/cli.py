@@ -70,7 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="run the whole mesh (supervisor)")
     up.add_argument("--model", default="smollm2", help="smollm2 | tiny | PATH (default smollm2)")
-    up.add_argument("--device", default="cpu", help="cpu | cuda (default cpu)")
+    up.add_argument("--device", default="cpu",
+                    help="cpu | cuda | cuda:N for every prefill and decode (default cpu)")
+    up.add_argument("--prefill-device", default=None, metavar="DEVICE",
+                    help="the prefills' device, e.g. cuda:0 (default --device)")
+    up.add_argument("--decode-device", default=None, metavar="DEVICE",
+                    help="the decodes' device, e.g. cuda:1, so that prefill and decode stop "
+                    "competing for one GPU (default --device)")
     up.add_argument(
         "--dtype", default="float32", choices=["float32", "bfloat16"],
         help="model and KV dtype (default float32)",
@@ -101,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--gpu-memory-fraction", type=sizing.memory_fraction, metavar="F",
         default=os.environ.get(GPU_MEMORY_FRACTION_ENV) or sizing.DEFAULT_GPU_MEMORY_FRACTION,
         help="on CUDA, the fraction of the GPU's memory the prefills and decodes may fill "
-        "together (weights and KV pools), split evenly between them (default "
+        "together (weights and KV pools), split evenly between the members on each GPU (default "
         f"${GPU_MEMORY_FRACTION_ENV} or {sizing.DEFAULT_GPU_MEMORY_FRACTION})",
     )
     up.add_argument("--decode", type=int, default=1, help="decode processes (default 1)")
@@ -303,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         from pdmesh.supervisor import Plan
 
         plan = Plan(
-            model=args.model, device=args.device, dtype=args.dtype, weights=args.weights,
+            model=args.model, device=args.device, prefill_device=args.prefill_device,
+            decode_device=args.decode_device, dtype=args.dtype, weights=args.weights,
             kv_transfer=args.kv_transfer, prefix_cache=args.prefix_cache,
             prefill=args.prefill, decode=args.decode,
             host=args.host, http_port=args.http_port, grpc_port=args.grpc_port,
@@ -325,10 +332,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         from libs.member.sizing import check_device
 
-        refusal = check_device(args.device)
-        if refusal:
-            print(f"pdmesh up: --device {args.device}: {refusal}", file=sys.stderr)
-            return 2
+        for flag, device in (("--device", args.device), ("--prefill-device", args.prefill_device),
+                             ("--decode-device", args.decode_device)):
+            refusal = device and check_device(device)
+            if refusal:
+                print(f"pdmesh up: {flag} {device}: {refusal}", file=sys.stderr)
+                return 2
         from libs.rpc.runtime import setup_logging
         from pdmesh import meshcerts
 

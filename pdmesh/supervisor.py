@@ -8,8 +8,10 @@ SIGTERM, then SIGKILL after a grace period, so no process is left behind.
 Children also ask the kernel to SIGTERM them if the supervisor itself dies
 (see pdmesh.cli).
 
-On a GPU the prefills and decodes share the device: each is given an equal
-share of the mesh's --gpu-memory-fraction, and sizes its KV pool from that.
+Prefills and decodes run on --device, or on --prefill-device / --decode-device
+(prefill on one GPU, decode on another). The members on one GPU share it: each is
+given an equal share of that GPU's --gpu-memory-fraction and sizes its KV pool from
+that, so a prefill alone on cuda:0 may fill the whole fraction of cuda:0.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class Child:
 class Plan:
     model: str = "smollm2"
     device: str = "cpu"
+    prefill_device: str | None = None  # default: device
+    decode_device: str | None = None  # default: device
     dtype: str = "float32"
     weights: str = "native"
     kv_transfer: str = "native"
@@ -81,29 +85,53 @@ class Plan:
     def bootstrap(self) -> str:
         return f"{self.advertised}:{self.bootstrap_port}"
 
-    @property
-    def member_memory_fraction(self) -> float:
-        """Each prefill's and decode's share of the GPU they all run on."""
-        return self.gpu_memory_fraction / (self.prefill + self.decode)
+    def device_of(self, role: str) -> str:
+        """The device the prefills (role "prefill") or the decodes run on."""
+        own = self.prefill_device if role == "prefill" else self.decode_device
+        return own or self.device
+
+    def memory_fraction_of(self, role: str) -> float:
+        """A prefill's or decode's share of its GPU: the fraction split evenly between
+        every member on that GPU ("cuda" and "cuda:0" being one)."""
+        gpu = sizing.cuda_index(self.device_of(role))
+        sharing = sum(count for other, count in (("prefill", self.prefill),
+                                                  ("decode", self.decode))
+                      if sizing.cuda_index(self.device_of(other)) == gpu)
+        return self.gpu_memory_fraction / sharing
+
+    def describe_devices(self) -> str:
+        """'on cuda' or 'prefill on cuda:0, decode on cuda:1', with each GPU member's share."""
+        def one(role: str) -> str:
+            device = self.device_of(role)
+            share = (f" ({self.memory_fraction_of(role):.3g} of its memory each)"
+                     if sizing.is_cuda(device) else "")
+            return f"{device}{share}"
+
+        if self.device_of("prefill") == self.device_of("decode"):
+            return f"on {one('prefill')}"
+        return f"prefill on {one('prefill')}, decode on {one('decode')}"
 
     def children(self) -> list[Child]:
         base = [sys.executable, "-m", "pdmesh.cli"]
         common = ["--bootstrap", self.bootstrap, "--host", self.host]
         if self.advertised != self.host:
             common += ["--advertise-address", self.advertised]
-        member = [*common, "--model", self.model, "--device", self.device, "--dtype", self.dtype,
-                  "--weights", self.weights, "--kv-transfer", self.kv_transfer,
-                  "--prefix-cache", self.prefix_cache]
-        if sizing.is_cuda(self.device):
-            member += ["--gpu-memory-fraction", f"{self.member_memory_fraction:.6g}"]
+        def member(role: str) -> list[str]:
+            device = self.device_of(role)
+            argv = [*common, "--model", self.model, "--device", device, "--dtype", self.dtype,
+                    "--weights", self.weights, "--kv-transfer", self.kv_transfer,
+                    "--prefix-cache", self.prefix_cache]
+            if sizing.is_cuda(device):
+                argv += ["--gpu-memory-fraction", f"{self.memory_fraction_of(role):.6g}"]
+            return argv
+
         out = [Child("bootstrap", [*base, "bootstrap", *common[2:],
                                    "--port", str(self.bootstrap_port)], "bootstrap")]
-        for i in range(self.prefill):
-            out.append(Child(f"prefill-{i}", [*base, "prefill", "--name", f"prefill-{i}", *member,
-                                              *self.extra.get("prefill", [])], "prefill"))
-        for i in range(self.decode):
-            out.append(Child(f"decode-{i}", [*base, "decode", "--name", f"decode-{i}", *member,
-                                             *self.extra.get("decode", [])], "decode"))
+        for role, count in (("prefill", self.prefill), ("decode", self.decode)):
+            for i in range(count):
+                out.append(Child(f"{role}-{i}", [*base, role, "--name", f"{role}-{i}",
+                                                 *member(role), *self.extra.get(role, [])],
+                                 role))
         out.append(Child("router", [*base, "router", "--name", "router", *common,
                                     "--model", self.model,
                                     "--http-port", str(self.http_port),
@@ -123,12 +151,8 @@ class Plan:
 async def supervise(plan: Plan) -> None:
     env = {**os.environ, "PDMESH_PARENT_PID": str(os.getpid())}
     children = plan.children()
-    log.info(
-        "starting %d prefill, %d decode, model %s on %s%s", plan.prefill, plan.decode,
-        plan.model, plan.device,
-        f" ({plan.member_memory_fraction:.3g} of its memory each)"
-        if sizing.is_cuda(plan.device) else "",
-    )
+    log.info("starting %d prefill, %d decode, model %s %s", plan.prefill, plan.decode,
+             plan.model, plan.describe_devices())
     try:
         async with anyio.create_task_group() as tg:
             for child in children:

@@ -28,6 +28,18 @@ def test_up_on_cuda_without_a_gpu_is_one_line_and_exit_2_before_anything_starts(
     assert len(out.stderr.splitlines()) == 1 and "starting" not in out.stderr
 
 
+def test_a_prefill_or_decode_device_that_is_not_here_is_refused_by_up():
+    """--prefill-device / --decode-device are checked like --device, each naming its flag."""
+    out = run("up", "--model", "tiny", "--decode-device", "cuda:x")
+    assert out.returncode == 2
+    assert out.stderr.strip() == ("pdmesh up: --decode-device cuda:x: 'cuda:x' is not a "
+                                  "device: use cpu, cuda or cuda:N")
+    missing = f"cuda:{torch.cuda.device_count()}"  # one past the last GPU, on any machine
+    out = run("up", "--model", "tiny", "--prefill-device", missing)
+    assert out.returncode == 2 and out.stderr.startswith(f"pdmesh up: --prefill-device {missing}: ")
+    assert len(out.stderr.splitlines()) == 1 and "starting" not in out.stderr
+
+
 def test_a_device_that_is_no_device_is_refused_by_up_and_by_a_member():
     out = run("up", "--device", "gpu0", "--model", "tiny")
     assert out.returncode == 2 and "'gpu0' is not a device" in out.stderr

@@ -35,6 +35,13 @@ def is_cuda(device: str) -> bool:
     return device.startswith("cuda")
 
 
+def cuda_index(device: str) -> int | None:
+    """The GPU index of a CUDA device ("cuda" is 0), None for the CPU."""
+    if not is_cuda(device):
+        return None
+    return int(device.removeprefix("cuda").removeprefix(":") or "0")
+
+
 def default_max_batch(device: str) -> int:
     """Sequences per decode step: a GPU step costs about the same at 1 and at 256."""
     return CUDA_MAX_BATCH if is_cuda(device) else CPU_MAX_BATCH

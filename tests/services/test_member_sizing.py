@@ -63,18 +63,42 @@ def test_batch_and_pool_defaults_on_the_cpu_are_the_fixed_ones():
     assert sizing.CPU_KV_PAGES == {"prefill": 512, "decode": 2048}
 
 
-def test_up_gives_each_member_on_a_gpu_its_share_and_the_cpu_nothing_new():
-    def fractions(plan: Plan) -> list[str]:
-        out = []
-        for child in plan.children():
-            if "--gpu-memory-fraction" in child.argv:
-                out.append(child.argv[child.argv.index("--gpu-memory-fraction") + 1])
-        return out
+def fractions(plan: Plan) -> list[str]:
+    """The --gpu-memory-fraction each child of `plan` is given, in start order."""
+    out = []
+    for child in plan.children():
+        if "--gpu-memory-fraction" in child.argv:
+            out.append(child.argv[child.argv.index("--gpu-memory-fraction") + 1])
+    return out
 
+
+def devices(plan: Plan) -> dict[str, str]:
+    return {c.name: c.argv[c.argv.index("--device") + 1]
+            for c in plan.children() if "--device" in c.argv}
+
+
+def test_up_gives_each_member_on_a_gpu_its_share_and_the_cpu_nothing_new():
     assert fractions(Plan(device="cuda")) == ["0.425", "0.425"]
     assert fractions(Plan(device="cuda:1", prefill=2, decode=2, gpu_memory_fraction=0.8)) == \
         ["0.2"] * 4
     assert fractions(Plan(device="cpu")) == []
+
+
+def test_prefill_and_decode_on_their_own_gpus_each_get_the_whole_fraction_of_theirs():
+    two = Plan(device="cuda", prefill_device="cuda:0", decode_device="cuda:1")
+    assert devices(two) == {"prefill-0": "cuda:0", "decode-0": "cuda:1"}
+    assert fractions(two) == ["0.85", "0.85"]
+    assert two.describe_devices() == ("prefill on cuda:0 (0.85 of its memory each), "
+                                      "decode on cuda:1 (0.85 of its memory each)")
+    # "cuda" is cuda:0: a prefill there and a decode on cuda:0 share one GPU
+    shared = Plan(device="cuda", decode_device="cuda:0", prefill=1, decode=3)
+    assert devices(shared)["prefill-0"] == "cuda" and fractions(shared) == ["0.2125"] * 4
+    # two prefills on one GPU, a decode alone on the other
+    mixed = Plan(device="cuda:1", decode_device="cuda:0", prefill=2, decode=1)
+    assert fractions(mixed) == ["0.425", "0.425", "0.85"]
+    assert devices(Plan(device="cpu", decode_device="cpu")) == \
+        {"prefill-0": "cpu", "decode-0": "cpu"}
+    assert Plan(device="cuda:1").describe_devices() == "on cuda:1 (0.425 of its memory each)"
 
 
 def test_device_check_names_what_is_wrong():
