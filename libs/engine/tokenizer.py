@@ -1,7 +1,8 @@
 """Tokenizer built offline from a GGUF's metadata, plus streaming detokenization.
 
 Building a fast tokenizer from GGUF metadata takes seconds (it re-derives the BPE model), so the
-result is saved once as a regular tokenizer directory under the cache dir and reloaded from there.
+result is saved once as a regular tokenizer directory under the cache dir and reloaded from there
+without transformers (libs/engine/saved_tokenizer.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from libs.engine import saved_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +44,10 @@ def _load_hf_tokenizer(source: str):
 
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     cached = cache_dir() / _gguf_key(path)
-    if (cached / "tokenizer_config.json").exists():
+    if saved_tokenizer.is_saved(cached):
         try:
-            # our own save of a GGUF's tokenizer: the generic fast class reads all of it
-            # (tokenizer.json, chat template, special tokens) without AutoTokenizer
-            from transformers import PreTrainedTokenizerFast
-
-            return PreTrainedTokenizerFast.from_pretrained(str(cached), local_files_only=True)
+            # our own save of a GGUF's tokenizer, read without importing transformers
+            return saved_tokenizer.SavedTokenizer(cached)
         except Exception:  # a stale or partial cache entry: rebuild it below
             logger.warning("tokenizer cache %s unreadable, rebuilding", cached)
     from transformers import AutoTokenizer
@@ -65,11 +65,13 @@ def _load_hf_tokenizer(source: str):
             shutil.rmtree(tmp, ignore_errors=True)
     except OSError as e:
         logger.warning("could not cache tokenizer: %s", e)
-    return tok
+    # the first load serves from the save too, so every process tokenizes alike
+    return saved_tokenizer.SavedTokenizer(cached) if saved_tokenizer.is_saved(cached) else tok
 
 
 class Tokenizer:
-    """Thin wrapper over a transformers tokenizer with the calls the engine needs."""
+    """Thin wrapper over a tokenizer (transformers', or a SavedTokenizer of a GGUF's) with
+    the calls the engine needs."""
 
     def __init__(self, hf_tokenizer, eos_token_ids: Sequence[int] = ()) -> None:
         self.hf = hf_tokenizer
