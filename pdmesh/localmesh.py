@@ -167,7 +167,7 @@ def start_mesh(
             raise RuntimeError(f"pdmesh up exited early:\n{mesh.log()[-4000:]}")
         if (not wait_healthy or _health(http_port)) and _members_ready(mesh, prefill, decode):
             return mesh
-        time.sleep(0.5)
+        time.sleep(0.2)
     mesh.stop()
     raise TimeoutError(f"mesh not healthy in {timeout}s:\n{mesh.log()[-4000:]}")
 
