@@ -48,3 +48,24 @@ def etcd_server(tmp_path_factory):
     server.start()
     yield server
     server.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that ran against a mesh gets the end of that mesh's log in its report:
+    a member that crashed or restarted (its traceback, the supervisor's restart line) is
+    often the whole story, and a CI run keeps nothing else."""
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    from pdmesh.localmesh import Mesh
+
+    for name, value in getattr(item, "funcargs", {}).items():
+        if isinstance(value, Mesh) and value.log_path.exists():
+            tail = value.log().splitlines()[-MESH_LOG_LINES:]
+            report.sections.append((f"{name}: the last {len(tail)} lines of {value.log_path}",
+                                    "\n".join(tail)))
+
+
+MESH_LOG_LINES = 80
