@@ -389,13 +389,14 @@ class _Legs:
         self.prefill_done = False
         self.finished = False
         self.lost: str | None = None  # why, once a member of the pair left mid-request
-        self.lost_member: str | None = None
+        # every member of the pair that left: its channel is retired, never to be called
+        self.lost_members: set[str] = set()
 
     def lose(self, member: str, reason: str) -> None:
         """A member of this request's pair left: end both calls now (W5), not at a timeout."""
         if self.lost is None:
             self.lost = f"{member} left the mesh ({reason})"
-            self.lost_member = member
+        self.lost_members.add(member)
         for call in (self.prefill_call, self.decode_call):
             if call is not None:
                 call.cancel()
@@ -530,7 +531,7 @@ class _Legs:
     async def _send_aborts(self, reason: str) -> None:
         fenced = self.prefill_done
         # A writer that left is not asked: its epoch ending is the decode's fence.
-        if not fenced and self.lost_member != self.pair.prefill.member.name:
+        if not fenced and self.pair.prefill.member.name not in self.lost_members:
             try:
                 ack = await unary(
                     self.pair.prefill.stub.Abort,
@@ -544,7 +545,7 @@ class _Legs:
                                  "pdmesh.released": ack.released})
             except grpc.aio.AioRpcError as e:
                 log.warning("Abort to prefill failed: %s", e.code().name)
-        if self.lost_member == self.pair.decode.member.name:
+        if self.pair.decode.member.name in self.lost_members:
             return  # nobody left to tell
         try:
             ack = await unary(
