@@ -70,9 +70,9 @@ def test_the_fused_layer_kernels_compile_for_hopper(dtype):
 @pytest.mark.skipif(not HAVE_BACKEND, reason="this Triton has no NVIDIA backend")
 def test_the_check_can_fail():
     """A kernel given a type it cannot take is refused here, not first on a GPU."""
-    from libs.kernels import fused_layer as fl
-
     from triton.compiler.errors import CompilationError
+
+    from libs.kernels import fused_layer as fl
 
     with pytest.raises(CompilationError, match="power of 2"):
         compile_for_hopper(fl._silu_mul_kernel,
