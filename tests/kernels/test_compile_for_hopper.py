@@ -69,7 +69,8 @@ def test_the_fused_layer_kernels_compile_for_hopper(dtype):
 
 @pytest.mark.skipif(not HAVE_BACKEND, reason="this Triton has no NVIDIA backend")
 def test_the_check_can_fail():
-    """A kernel given a type it cannot take is refused here, not first on a GPU."""
+    """A kernel the compiler rejects (here: a block that is not a power of two) is
+    refused on this machine, not first on a GPU."""
     from triton.compiler.errors import CompilationError
 
     from libs.kernels import fused_layer as fl
