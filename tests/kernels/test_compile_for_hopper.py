@@ -1,5 +1,7 @@
-"""The fused layer kernels (libs/kernels/fused_layer.py) compile for Hopper (sm_90) here,
-with no GPU: Triton's own compiler, down to a cubin through the ptxas its wheel carries.
+"""The Triton kernels of every decode step, the fused layer kernels
+(libs/kernels/fused_layer.py) and paged attention (libs/kernels/paged_attention.py),
+compile for Hopper (sm_90) here, with no GPU: Triton's own compiler, down to a cubin
+through the ptxas its wheel carries.
 
 The interpreter runs the kernels' arithmetic on the CPU but never compiles them, so a
 kernel it accepts can still fail to compile on the card (a type or layout the compiler
@@ -31,15 +33,17 @@ except ImportError:  # a Triton without the NVIDIA backend
 DTYPES = ["bf16", "fp16", "fp32"]
 # (dim, heads, kv heads, head_dim): SmolLM2-135M, Llama-3.2-1B, Llama-3-8B, the tiny spec
 SHAPES = [(576, 9, 3, 64), (2048, 32, 8, 64), (4096, 32, 8, 128), (64, 4, 2, 16)]
+PAGE = 16  # tokens a KV page
 
 
-def compile_for_hopper(kernel, types: dict[str, str], constexprs: dict[str, object]):
+def compile_for_hopper(kernel, types: dict[str, str], constexprs: dict[str, object],
+                       num_warps: int = 4):
     """Compile `kernel` with these argument types and constexpr values for sm_90."""
     names = list(inspect.signature(kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else types[n] for n in names}
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(names.index(n),): v for n, v in constexprs.items()})
-    compiled = triton.compile(source, target=HOPPER)
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps})
     assert compiled.asm["cubin"], "no cubin"
     return compiled
 
@@ -65,6 +69,43 @@ def test_the_fused_layer_kernels_compile_for_hopper(dtype):
     compile_for_hopper(fl._silu_mul_kernel,
                        dict(gu_ptr=ptr, out_ptr=ptr, stride_row="i64", n="i32"),
                        {"BLOCK": fl.SILU_BLOCK})
+
+
+@pytest.mark.skipif(not HAVE_BACKEND, reason="this Triton has no NVIDIA backend")
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_paged_attention_kernels_compile_for_hopper(dtype):
+    """store_kv, the decode attention (one range of keys, or split with its partials) and
+    the combine of the splits, with the constexprs paged_decode_attention gives them."""
+    from libs.kernels import paged_attention as pa
+
+    ptr, i32, i64 = f"*{dtype}", "i32", "i64"
+    for _, heads, kv_heads, head_dim in SHAPES:
+        compile_for_hopper(
+            pa._store_kv_kernel,
+            dict(k_ptr=ptr, v_ptr=ptr, cache_ptr=ptr, table_ptr="*i32", lengths_ptr="*i32",
+                 layer_offset=i64, stride_kb=i64, stride_kh=i64, stride_vb=i64,
+                 stride_vh=i64, stride_tb=i64, stride_lb=i64, page_stride=i64,
+                 kv_stride=i64, head_stride=i64),
+            {"HKV": kv_heads, "HKV_PAD": pa._pow2(kv_heads), "D": head_dim,
+             "D_PAD": pa._pow2(head_dim), "PAGE": PAGE}, num_warps=1)
+        group, d_pad = heads // kv_heads, pa._pow2(head_dim, 16)
+        for split in (False, True):
+            part = "*fp32" if split else ptr
+            compile_for_hopper(
+                pa._decode_kernel,
+                dict(q_ptr=ptr, cache_ptr=ptr, table_ptr="*i32", lengths_ptr="*i32",
+                     out_ptr=ptr, part_m_ptr=part, part_l_ptr=part, part_acc_ptr=part,
+                     layer_offset=i64, stride_qb=i64, stride_qh=i64, stride_tb=i64,
+                     stride_lb=i64, stride_ob=i64, stride_oh=i64, page_stride=i64,
+                     kv_stride=i64, head_stride=i64, num_splits=i32, qk_scale="fp32"),
+                {"G": group, "G_PAD": pa._pow2(group, 16), "D": head_dim, "D_PAD": d_pad,
+                 "PAGE": PAGE, "BLOCK": pa.BLOCK_N, "SPLIT": split,
+                 "DOT_F32": dtype == "fp32", "INTERPRETED": False})
+        compile_for_hopper(
+            pa._combine_kernel,
+            dict(part_m_ptr="*fp32", part_l_ptr="*fp32", part_acc_ptr="*fp32", out_ptr=ptr,
+                 stride_ob=i64, stride_oh=i64, num_splits=i32),
+            {"D": head_dim, "D_PAD": d_pad, "S_PAD": pa._pow2(pa.MAX_SPLITS)})
 
 
 @pytest.mark.skipif(not HAVE_BACKEND, reason="this Triton has no NVIDIA backend")
