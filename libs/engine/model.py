@@ -164,7 +164,7 @@ def _fused(x: torch.Tensor) -> bool:
 
 
 def _torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF Llama RMSNorm: normalise in fp32, scale in the model dtype."""
+    """rms_norm in torch ops: the CPU path, and the reference of the fused kernel."""
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
     return weight * xf.to(x.dtype)

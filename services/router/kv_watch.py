@@ -33,14 +33,14 @@ async def follow_members(pairing: Pairing) -> None:
             for endpoint in list(pairing.endpoints.values()):
                 if endpoint.follower is None:
                     endpoint.follower = anyio.CancelScope()
-                    tg.start_soon(_follow, pairing, endpoint, endpoint.follower)
+                    tg.start_soon(_follow, pairing, endpoint)
             await anyio.sleep(SCAN_SECONDS)
 
 
-async def _follow(pairing: Pairing, endpoint: Endpoint, scope: anyio.CancelScope) -> None:
+async def _follow(pairing: Pairing, endpoint: Endpoint) -> None:
     name = endpoint.member.name
     stub = kgrpc.KvEventsStub(endpoint.channel)
-    with scope:
+    with endpoint.follower:  # cancelled by Pairing.on_leave
         while True:
             call = stub.Subscribe(kpb.KvEventsRequest())
             try:

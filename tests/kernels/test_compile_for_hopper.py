@@ -18,17 +18,21 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                                reason="under the interpreter @triton.jit is not compiled")
-
 try:
+    from triton.backends import backends as TRITON_BACKENDS
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     HOPPER = GPUTarget("cuda", 90, 32)
-    HAVE_BACKEND = "nvidia" in __import__("triton.backends").backends.backends
+    HAVE_BACKEND = "nvidia" in TRITON_BACKENDS
 except ImportError:  # a Triton without the NVIDIA backend
     HAVE_BACKEND = False
+
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                       reason="under the interpreter @triton.jit is not compiled"),
+    pytest.mark.skipif(not HAVE_BACKEND, reason="this Triton has no NVIDIA backend"),
+]
 
 DTYPES = ["bf16", "fp16", "fp32"]
 # (dim, heads, kv heads, head_dim): SmolLM2-135M, Llama-3.2-1B, Llama-3-8B, the tiny spec
@@ -48,7 +52,6 @@ def compile_for_hopper(kernel, types: dict[str, str], constexprs: dict[str, obje
     return compiled
 
 
-@pytest.mark.skipif(not HAVE_BACKEND, reason="this Triton has no NVIDIA backend")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_fused_layer_kernels_compile_for_hopper(dtype):
     from libs.kernels import fused_layer as fl
@@ -71,7 +74,6 @@ def test_the_fused_layer_kernels_compile_for_hopper(dtype):
                        {"BLOCK": fl.SILU_BLOCK})
 
 
-@pytest.mark.skipif(not HAVE_BACKEND, reason="this Triton has no NVIDIA backend")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_paged_attention_kernels_compile_for_hopper(dtype):
     """store_kv, the decode attention (one range of keys, or split with its partials) and
@@ -108,7 +110,6 @@ def test_the_paged_attention_kernels_compile_for_hopper(dtype):
             {"D": head_dim, "D_PAD": d_pad, "S_PAD": pa._pow2(pa.MAX_SPLITS)})
 
 
-@pytest.mark.skipif(not HAVE_BACKEND, reason="this Triton has no NVIDIA backend")
 def test_the_check_can_fail():
     """A kernel the compiler rejects (here: a block that is not a power of two) is
     refused on this machine, not first on a GPU."""

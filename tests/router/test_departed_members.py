@@ -4,6 +4,8 @@ ends the moment it leaves, and a request whose pair lost it sends it no Abort.""
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 import grpc
 
@@ -40,32 +42,17 @@ async def test_a_leaving_members_follower_stops_before_its_channel_closes(monkey
 
 
 class _RecordingStub:
-    """Stands in for a member's stub: records Abort calls, answers at once."""
+    """Stands in for a member's stub: records Abort calls, answers at once (a finished
+    future is all libs.rpc.calls.unary needs of a call)."""
 
     def __init__(self, calls: list[str], name: str) -> None:
         self.calls, self.name = calls, name
 
     def Abort(self, request, timeout=None, metadata=None):  # noqa: N802 (the RPC's name)
         self.calls.append(self.name)
-        return _Done(cpb.AbortAck(released=True))
-
-
-class _Done:
-    """A finished unary call, as libs.rpc.calls.unary awaits it."""
-
-    def __init__(self, value) -> None:
-        self.value = value
-
-    def add_done_callback(self, callback) -> None:
-        callback(self)
-
-    def cancel(self) -> bool:
-        return False
-
-    def __await__(self):
-        if False:
-            yield
-        return self.value
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(cpb.AbortAck(released=True))
+        return done
 
 
 async def test_a_request_never_calls_a_member_of_its_pair_that_left():
