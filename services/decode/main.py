@@ -12,6 +12,19 @@ from services.decode import growth
 
 log = logging.getLogger(__name__)
 
+# Token messages a second across all of a decode's streams. A message costs tens of
+# microseconds of Python here and again in the router's relay: at this rate each process
+# spends a fraction of a core on them, and past a few sequences a message carries several
+# tokens (services/decode/stream.py).
+DEFAULT_MESSAGE_RATE = 4000.0
+
+
+def message_rate(text: str) -> float:
+    rate = float(text)
+    if not rate >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return rate
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_member_arguments(parser, "decode")
@@ -33,6 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {growth.DEFAULT_GROWTH_TOKENS}: one page)",
     )
 
+    parser.add_argument(
+        "--message-rate", type=message_rate, default=DEFAULT_MESSAGE_RATE, metavar="PER_S",
+        help=f"token messages a second across all streams (default {DEFAULT_MESSAGE_RATE:g}): "
+        "each stream waits out its share (batch size / rate) between messages, and the "
+        "tokens sampled meanwhile go in one message; 0 sends each token as soon as its "
+        "reader can",
+    )
+
 
 async def serve(args: argparse.Namespace) -> None:
     from services.decode.service import DecodeConfig, DecodeService  # torch: see serve_member
@@ -41,6 +62,6 @@ async def serve(args: argparse.Namespace) -> None:
     log.info("max batch %d sequences a step", max_batch)
     reservation = growth.Reservation(args.kv_reserve, args.kv_growth_tokens)
     config = DecodeConfig(max_rooms=args.max_rooms, max_batch=max_batch,
-                          reservation=reservation)
+                          reservation=reservation, message_rate=args.message_rate)
     await serve_member(args, DecodeService, config,
                        decode_pb2.DESCRIPTOR.services_by_name["Decode"])

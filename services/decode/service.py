@@ -89,6 +89,9 @@ class Slot(Request):
 class DecodeConfig(MemberConfig):
     max_batch: int = 64
     reservation: Reservation = field(default_factory=Reservation)
+    # Token messages a second over all streams, 0 for no pace (`pdmesh decode` sets
+    # --message-rate, default services.decode.main.DEFAULT_MESSAGE_RATE).
+    message_rate: float = 0.0
     notif_poll_min: float = 0.0005
     notif_poll_max: float = 0.008
 
@@ -249,6 +252,11 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
                                                       completion_tokens})
                 generate_span.set_attribute("pdmesh.preempted", True)
 
+    def _pace(self) -> float:
+        """A stream's least time between messages: its share of --message-rate."""
+        rate = self.config.message_rate
+        return len(self.batcher.running) / rate if rate > 0 else 0.0
+
     async def _unstage(self, slot: Slot) -> None:
         """nvfp4: dequantize the landed slots into the room's KV pages, off the loop.
 
@@ -267,7 +275,8 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
         """Send the sequence's tokens, several to a message when the writes fall behind,
         then its Finish (or its Preempted); returns the completion tokens and whether it
         was preempted."""
-        tokens = TokenStream(seq, self.member.loaded.tokenizer, self.batcher.cancel)
+        tokens = TokenStream(seq, self.member.loaded.tokenizer, self.batcher.cancel,
+                             self._pace)
         last = None
         async with seq.receive:
             while True:

@@ -7,6 +7,15 @@ Each read takes every token sampled since the last one: a reader that keeps up s
 token a message, one that falls behind (a slow network write, a busy loop) sends several
 in one, so the message rate never has to match the token rate.
 
+Falling behind alone is not enough under a large batch: the step loop and 128 readers
+share one event loop, and a reader that writes after every step keeps them in lockstep,
+one message per token, so the per-message cost (a gRPC write here and a relay in the
+router, tens of microseconds each) sets the step rate. So each stream also keeps a pace:
+after a message it waits out its share of the decode's message budget (``pace()``, the
+batch size over ``--message-rate``) before it takes the next tokens. At one stream the
+share is a fraction of a step and every token goes out alone; at 128 it is a few steps,
+and each message carries the tokens sampled meanwhile.
+
 A stop string ends the sequence here: the reader takes it out of the batch (its pages are
 released the usual way, once the batcher lets go of it) and drops the tokens sampled
 after the one that completed the stop string.
@@ -18,6 +27,7 @@ starts afresh, so a stop string that would span the pause is not matched.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -38,8 +48,13 @@ class Chunk:
 
 class TokenStream:
     def __init__(self, seq: Sequence, tokenizer: Tokenizer,
-                 stop_sequence: Callable[[Sequence], None]):
+                 stop_sequence: Callable[[Sequence], None],
+                 pace: Callable[[], float] = lambda: 0.0):
+        """pace: the least time between two messages of this stream, in seconds, asked
+        after each message (the batch changes size as requests come and go)."""
         self.seq = seq
+        self.pace = pace
+        self._next_at = 0.0  # time.monotonic() before which no message goes out
         self.detok = IncrementalDetokenizer(tokenizer, seq.params.stop)
         self.stop_sequence = stop_sequence
         self.completion_tokens = 0  # tokens handed out, the one that ended the stream included
@@ -50,11 +65,14 @@ class TokenStream:
         Raises anyio.EndOfStream when the sequence was cancelled before it finished.
         """
         items = [await self.seq.receive.receive()]
+        if (wait := self._next_at - time.monotonic()) > 0:
+            await anyio.sleep(wait)  # the tokens sampled meanwhile go in this message
         while True:
             try:
                 items.append(self.seq.receive.receive_nowait())
             except (anyio.WouldBlock, anyio.EndOfStream):
                 break
+        self._next_at = time.monotonic() + self.pace()
         return self._chunk(items)
 
     def _chunk(self, items: list[Sampled]) -> Chunk:

@@ -52,6 +52,18 @@ class FakeEngine:
         return torch.stack([self.logits_for(s.pos, s.token) for s in batch])
 
 
+class SlowEngine(FakeEngine):
+    """A step that takes `seconds` on the compute thread, as a GPU step does."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def decode_step(self, batch) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return super().decode_step(batch)
+
+
 class FakeTokenizer:
     eos_token_ids = (EOS,)
 
@@ -60,15 +72,19 @@ class FakeTokenizer:
 
 
 async def run_sequence(batcher: Batcher, params: SamplingParams, pause: float = 0.0,
-                       first_token: int = 10, prompt_len: int = 5, stop_sequence=None):
-    """Admit one sequence and read its stream to the end; `pause` between reads."""
+                       first_token: int = 10, prompt_len: int = 5, stop_sequence=None,
+                       pace: float = 0.0, times: list[float] | None = None):
+    """Admit one sequence and read its stream to the end; `pause` between reads, `pace`
+    the stream's own least time between messages; `times` gets each chunk's arrival."""
     seq = batcher.admit(list(range(8)), prompt_len, first_token, params)
-    stream = TokenStream(seq, FakeTokenizer(), stop_sequence or batcher.cancel)
+    stream = TokenStream(seq, FakeTokenizer(), stop_sequence or batcher.cancel, lambda: pace)
     chunks: list[Chunk] = []
     async with seq.receive:
         while True:
             chunk = await stream.next()
             chunks.append(chunk)
+            if times is not None:
+                times.append(time.monotonic())
             if chunk.finish_reason is not None:
                 break
             await anyio.sleep(pause)
@@ -109,6 +125,28 @@ async def test_a_slow_reader_gets_fewer_chunks_with_the_same_tokens_and_text():
         assert chunks[-1].finish_reason == "length"
         assert stream.completion_tokens == 40
         assert all(c.finish_reason is None for c in chunks[:-1])
+
+
+async def test_a_paced_stream_sends_the_tokens_sampled_meanwhile_in_one_message():
+    """A reader that keeps up still waits out its pace between messages: the first token
+    goes out at once, later messages are at least the pace apart and carry every token
+    sampled meanwhile; tokens, text and finish equal an unpaced stream's."""
+    params = SamplingParams(temperature=0, max_tokens=40)
+
+    async def read(pace, times=None):
+        return await with_batcher(
+            SlowEngine(0.002), lambda b: run_sequence(b, params, pace=pace, times=times))
+
+    times: list[float] = []
+    _, _, unpaced = await read(0.0)
+    _, stream, paced = await read(0.03, times)
+    assert joined(paced) == joined(unpaced)
+    assert len(paced[0].token_ids) == 1  # the first message does not wait
+    assert len(paced) <= (times[-1] - times[0]) / 0.03 + 2
+    assert len(paced) < len(unpaced) / 3
+    assert all(b - a >= 0.029 for a, b in zip(times, times[1:], strict=False))
+    assert max(len(c.token_ids) for c in paced) > 3
+    assert paced[-1].finish_reason == "length" and stream.completion_tokens == 40
 
 
 async def read_until_stop_string(pause: float):
