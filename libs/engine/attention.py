@@ -116,6 +116,11 @@ class PrefillAttention:
         off = layer_rows(self.cache, layer)
         self.flat.index_copy_(0, self.write_rows + off, torch.stack([k, v], 2).view(-1, d))
         kv = self.flat.index_select(0, self.read_rows + off).view(2, 1, hkv, self.kv_len, d)
+        if self.cache.is_cuda:
+            # CUDA's memory-efficient kernel takes a mask but not grouped heads; with
+            # enable_gqa it would fall back to the math kernel, which materialises every
+            # T x L score: give each query head its own copy of its K/V head instead.
+            kv = kv.repeat_interleave(h // hkv, dim=2)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), kv[0], kv[1], attn_mask=self.mask, enable_gqa=True
         )

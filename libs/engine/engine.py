@@ -14,7 +14,11 @@ reference the graphs are tested against, with the same bits. On CPU it always ru
 eagerly at the step's own shapes, the table as wide as its longest sequence needs.
 
 Prefill packs its chunks into B=1 with T tokens and attends under a block-diagonal causal
-mask (attention.PrefillAttention).
+mask (attention.PrefillAttention); every index of the pack is one int32 array built on
+the host (prefill_pack.py). On CUDA, once `capture_prefill_graphs` ran, a pack padded to
+its (tokens, keys, rows) bucket replays a graph (prefill_graphs.py): an eager prefill of
+a small model is a few hundred launches whatever its length, so the host, not the GPU,
+would set the time to first token.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from .config import ModelConfig
 from .graphs import DecodeGraphs
 from .kvpool import KvPool
 from .model import Weights, add_rms_norm, attention_block, rms_norm, rope_tables, swiglu_mlp
+from .prefill_graphs import PrefillGraphs
+from .prefill_pack import pack_prefill
 
 DEFAULT_MAX_BATCH = 256  # the largest decode graph bucket unless the engine is told less
 
@@ -93,6 +99,7 @@ class Engine:
         # (``cuda_graphs=False``): the same kernels on the same shapes, the same bits.
         self.graphs: DecodeGraphs | None = None
         self._static: DecodeGraphs | None = None
+        self.prefill_graphs: PrefillGraphs | None = None  # capture_prefill_graphs
         if self.device.type == "cuda":
             width = PAGES + pool.pages_for(self.max_context)
             self._static = DecodeGraphs(
@@ -126,63 +133,66 @@ class Engine:
         """
         if not seqs:
             raise ValueError("prefill_batch needs at least one sequence")
-        tokens, meta, width, n_keys = [], [], 0, 0
         for s in seqs:
             if len(s.tokens) == 0:
                 raise ValueError("prefill needs at least one token")
-            end = s.start_pos + len(s.tokens)
-            self._check_pages(s.pages, end, self.config.max_position)
-            tokens.extend(s.tokens)
-            meta.append((len(s.tokens), s.start_pos))
-            width = max(width, self.pool.pages_for(end))
-            n_keys += end
-        table = [list(s.pages[:width]) + [0] * (width - len(s.pages[:width])) for s in seqs]
-        # One host-to-device copy: tokens, then (length, start) of each chunk, then pages.
-        flat = [*tokens, *(v for m in meta for v in m), *(p for row in table for p in row)]
-        packed = torch.tensor(flat, dtype=torch.int64).to(self.device)
-        n, t = len(seqs), len(tokens)
-        meta_t = packed[t : t + 2 * n].view(n, 2)
-        attn, positions, last = self._prefill_indices(
-            meta_t[:, 0], meta_t[:, 1], packed[t + 2 * n :].view(n, width), t, n_keys
-        )
-        out_index = last
-        if any(s.all_logits for s in seqs):  # rare (echo): indices built on the host
-            rows, first = [], 0
-            for s in seqs:
-                end = first + len(s.tokens)
-                rows.extend(range(first, end) if s.all_logits else [end - 1])
-                first = end
-            out_index = torch.tensor(rows, device=self.device)
-        return self._prefill_forward(packed[:t], positions, attn, out_index, should_stop)
+            self._check_pages(s.pages, s.start_pos + len(s.tokens), self.config.max_position)
+        graphs = self.prefill_graphs
+        bucket = None if graphs is None else graphs.bucket(
+            sum(len(s.tokens) for s in seqs), sum(s.start_pos + len(s.tokens) for s in seqs),
+            sum(self.logit_rows(seqs)))
+        packed = pack_prefill([(s.tokens, s.pages, s.start_pos, s.all_logits) for s in seqs],
+                              self.pool.page_size, bucket)
+        self._check_ids(packed.data[: packed.tokens], packed.data[3 * packed.tokens :
+                                                                   4 * packed.tokens])
+        if bucket is not None:
+            if should_stop is not None and should_stop():
+                raise ForwardCancelled("stopped before the forward")
+            return graphs.run(packed)[: packed.real_rows].clone()
+        # One host-to-device copy: the pack's every index (prefill_pack.py).
+        data = torch.from_numpy(packed.data).to(self.device)
+        logits = self.prefill_packed(data, packed.tokens, packed.keys, packed.rows,
+                                     should_stop)
+        return logits[: packed.real_rows]
 
     @staticmethod
     def logit_rows(seqs: Sequence[PrefillSeq]) -> list[int]:
         """How many rows of ``prefill_batch``'s logits each chunk has, in order."""
         return [len(s.tokens) if s.all_logits else 1 for s in seqs]
 
-    def _prefill_indices(
-        self, lengths: torch.Tensor, starts: torch.Tensor, table: torch.Tensor,
-        n_tokens: int, n_keys: int,
-    ) -> tuple[PrefillAttention, torch.Tensor, torch.Tensor]:
-        """The pack's attention, each token's position and each chunk's last token index,
-        from the chunks' lengths and starts [N] and page table [N, W], on the device."""
-        ps, dev = self.pool.page_size, self.device
-        seq = torch.arange(len(lengths), device=dev)
-        ends = starts + lengths
-        q_owner = torch.repeat_interleave(seq, lengths, output_size=n_tokens)
-        q_first = torch.cumsum(lengths, 0) - lengths  # pack index of each chunk's first token
-        q_pos = starts[q_owner] + torch.arange(n_tokens, device=dev) - q_first[q_owner]
-        k_owner = torch.repeat_interleave(seq, ends, output_size=n_keys)
-        k_first = torch.cumsum(ends, 0) - ends
-        k_pos = torch.arange(n_keys, device=dev) - k_first[k_owner]
-        # A query sees the keys of its own sequence at positions <= its own.
-        mask = (q_owner[:, None] == k_owner[None, :]) & (k_pos[None, :] <= q_pos[:, None])
-        attn = PrefillAttention(
-            self.pool.tensor,
-            write_pages=table[q_owner, q_pos // ps], write_slots=q_pos % ps,
-            key_pages=table[k_owner, k_pos // ps], key_slots=k_pos % ps, mask=mask,
-        )
-        return attn, q_pos, torch.cumsum(lengths, 0) - 1
+    def prefill_packed(self, data: torch.Tensor, t: int, k: int, r: int,
+                       should_stop: Callable[[], bool] | None = None) -> torch.Tensor:
+        """Logits [r, vocab] (fp32) of a pack in prefill_pack.py's layout, on the device
+        (T = t tokens, K = k keys, R = r output rows): the forward a prefill graph
+        replays, at shapes that depend only on (t, k, r)."""
+        tokens, positions, owners, write_pages, write_slots = data[: 5 * t].view(5, t)
+        key_owners, key_positions, key_pages, key_slots = data[5 * t : 5 * t + 4 * k].view(4, k)
+        out_index = data[5 * t + 4 * k : 5 * t + 4 * k + r]
+        # A query sees the keys of its own chunk's sequence at positions <= its own.
+        mask = ((owners[:, None] == key_owners[None, :])
+                & (key_positions[None, :] <= positions[:, None]))
+        attn = PrefillAttention(self.pool.tensor, write_pages, write_slots, key_pages,
+                                key_slots, mask)
+        return self._prefill_forward(tokens, positions, attn, out_index, should_stop)
+
+    def capture_prefill_graphs(self, max_tokens: int) -> list[tuple[int, int, int]]:
+        """Capture prefill graphs for packs of up to ``max_tokens`` tokens (CUDA with
+        graphs only; a no-op otherwise). Call it before any page holds KV: the warm-up
+        and capture passes write into page 0. Returns the buckets captured; raises
+        GraphOutOfMemory naming the flags to change."""
+        if self.graphs is None:
+            return []
+        self.prefill_graphs = PrefillGraphs(self.prefill_packed, self.device, max_tokens,
+                                            max(max_tokens, self.max_context))
+        with torch.inference_mode():
+            return self.prefill_graphs.capture_all()
+
+    def _check_ids(self, tokens: np.ndarray, pages: np.ndarray) -> None:
+        """Out-of-range ids would be out-of-bounds reads and writes in the CUDA kernels."""
+        if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
+            raise ValueError(f"token id outside the vocabulary of {self.config.vocab_size}")
+        if pages.min() < 0 or pages.max() >= self.pool.num_pages:
+            raise ValueError(f"page id outside the pool's {self.pool.num_pages} pages")
 
     @torch.inference_mode()
     def decode_step(self, seqs: Sequence[DecodeSeq], copy: bool = True) -> torch.Tensor:
@@ -229,12 +239,7 @@ class Engine:
         cols = PAGES + width
         flat = np.fromiter(itertools.chain.from_iterable(rows), np.int32, len(rows) * cols)
         packed = flat.reshape(len(rows), cols)
-        # Out-of-range ids would be out-of-bounds reads and writes in the CUDA kernels.
-        tokens, pages = packed[:, TOKEN], packed[:, PAGES:]
-        if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
-            raise ValueError(f"token id outside the vocabulary of {self.config.vocab_size}")
-        if pages.min() < 0 or pages.max() >= self.pool.num_pages:
-            raise ValueError(f"page id outside the pool's {self.pool.num_pages} pages")
+        self._check_ids(packed[:, TOKEN], packed[:, PAGES:])
         return torch.from_numpy(packed)
 
     def _check_pages(self, pages: Sequence[int], num_tokens: int, limit: int) -> None:

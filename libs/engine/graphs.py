@@ -42,14 +42,14 @@ WARMUP_RUNS = 2  # eager runs of a bucket before its capture
 
 
 class GraphOutOfMemory(RuntimeError):
-    """CUDA ran out of memory capturing a decode graph (the message names the flags)."""
+    """CUDA ran out of memory capturing a graph (the message names the flags)."""
 
-    def __init__(self, bucket: int) -> None:
-        super().__init__(
+    def __init__(self, bucket: object, message: str | None = None) -> None:
+        super().__init__(message or (
             f"CUDA out of memory capturing the decode graph for a batch of {bucket}: lower "
             "--max-batch (the largest graph bucket), shrink the KV pool (--kv-pages), or "
             "decode without graphs (--cuda-graphs off)"
-        )
+        ))
         self.bucket = bucket
 
 

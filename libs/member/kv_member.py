@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -207,18 +208,26 @@ class KvMember:
         )
         return cls(role, name, loaded, pool, engine, agent, layout, wire)
 
-    def capture_decode_graphs(self, max_batch: int) -> None:
-        """Capture the engine's decode graphs for batches up to ``max_batch`` now, so the
-        first requests do not pay for it and a graph that does not fit stops the start
-        (DoesNotFit, naming the flags) rather than a request. A no-op without graphs."""
+    def capture_graphs(self, *, decode_batch: int = 0, prefill_tokens: int = 0) -> None:
+        """Capture the engine's CUDA graphs now: decode for batches up to
+        ``decode_batch``, prefill for packs up to ``prefill_tokens``. Done at start, so the
+        first requests do not pay for it (and no page holds KV yet, which prefill capture
+        needs), and a graph that does not fit stops the start (DoesNotFit, naming the
+        flags) rather than a request. A no-op without graphs."""
         from libs.engine.graphs import GraphOutOfMemory
 
+        started = time.perf_counter()
         try:
-            buckets = self.engine.capture_decode_graphs(max_batch)
+            if decode_batch:
+                if buckets := self.engine.capture_decode_graphs(decode_batch):
+                    log.info("decode graphs captured for batches of %s", buckets)
+            if prefill_tokens:
+                if shapes := self.engine.capture_prefill_graphs(prefill_tokens):
+                    log.info("%d prefill graphs captured for packs of up to %d tokens "
+                             "in %.1fs", len(shapes), prefill_tokens,
+                             time.perf_counter() - started)
         except GraphOutOfMemory as e:
             raise DoesNotFit(str(e)) from None
-        if buckets:
-            log.info("decode graphs captured for batches of %s", buckets)
 
     @property
     def peer_role(self) -> int:

@@ -67,6 +67,7 @@ class EngineAlone:
         self.pool = KvPool(loaded.config, need, PAGE_SIZE, device=loaded.weights.device,
                            dtype=loaded.weights.dtype)
         self.engine = Engine(loaded.config, loaded.weights, self.pool)  # as a member builds it
+        self.engine.capture_prefill_graphs(self.pack_tokens)  # as a prefill member does
 
     def serve(self, workload: Workload, progress: Progress) -> list[Record]:
         pool, engine = self.pool, self.engine

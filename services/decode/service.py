@@ -122,7 +122,7 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
 
     def prepare(self) -> None:
         """Capture the decode graphs for every batch this service can step (CUDA)."""
-        self.member.capture_decode_graphs(self.config.max_batch)
+        self.member.capture_graphs(decode_batch=self.config.max_batch)
 
     async def run(self) -> None:
         """The service's own tasks: the batch loop and the notification poller."""

@@ -116,6 +116,10 @@ class PrefillService(MemberService, pgrpc.PrefillServicer):
         self._failures_to_inject = member.faults.fail_prefills  # off unless injected
         self.withheld: list[Withheld] = []  # pages whose writes missed their fence
 
+    def prepare(self) -> None:
+        """Capture the prefill graphs for every pack this service can run (CUDA)."""
+        self.member.capture_graphs(prefill_tokens=self.config.max_batch_tokens)
+
     async def run(self) -> None:
         """The service's own tasks: the prefill scheduler, and the late fences of
         withheld pages."""
