@@ -67,7 +67,9 @@ class EngineAlone:
         self.pool = KvPool(loaded.config, need, PAGE_SIZE, device=loaded.weights.device,
                            dtype=loaded.weights.dtype)
         self.engine = Engine(loaded.config, loaded.weights, self.pool)  # as a member builds it
-        self.engine.capture_prefill_graphs(self.pack_tokens)  # as a prefill member does
+        # captured up front, as the members do: a capture inside a run would be timed
+        self.engine.capture_decode_graphs(self.max_batch)
+        self.engine.capture_prefill_graphs(self.pack_tokens)
 
     def serve(self, workload: Workload, progress: Progress) -> list[Record]:
         pool, engine = self.pool, self.engine
