@@ -82,8 +82,8 @@ def add_member_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     )
     parser.add_argument(
         "--cuda-graphs", default="on", choices=["on", "off"],
-        help="on CUDA, decode steps replay CUDA graphs captured at start, one per batch-size "
-        "bucket (default on; off: the same forward launched eagerly)",
+        help="on CUDA, decode steps and prefill packs replay CUDA graphs captured at start, "
+        "one per batch-size or pack-size bucket (default on; off: launched eagerly)",
     )
     parser.add_argument("--max-rooms", type=int, default=256, help="bound on concurrent rooms")
     parser.add_argument(
