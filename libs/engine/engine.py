@@ -143,8 +143,7 @@ class Engine:
             sum(self.logit_rows(seqs)))
         packed = pack_prefill([(s.tokens, s.pages, s.start_pos, s.all_logits) for s in seqs],
                               self.pool.page_size, bucket)
-        self._check_ids(packed.data[: packed.tokens], packed.data[3 * packed.tokens :
-                                                                   4 * packed.tokens])
+        self._check_ids(packed.token_ids, packed.key_pages)
         if bucket is not None:
             if should_stop is not None and should_stop():
                 raise ForwardCancelled("stopped before the forward")

@@ -35,6 +35,16 @@ class PackedPrefill:
     rows: int  # R (padded)
     real_rows: int  # the first real_rows output rows are the pack's own
 
+    @property
+    def token_ids(self) -> np.ndarray:
+        return self.data[: self.tokens]
+
+    @property
+    def key_pages(self) -> np.ndarray:
+        """Every page the pack reads or writes (each new token is also a key)."""
+        start = QUERY_COLUMNS * self.tokens + 2 * self.keys
+        return self.data[start : start + self.keys]
+
 
 def pack_prefill(chunks: Sequence[tuple[Sequence[int], Sequence[int], int, bool]],
                  page_size: int, pad_to: tuple[int, int, int] | None = None) -> PackedPrefill:
