@@ -84,6 +84,11 @@ def test_a_tiny_bench_reports_three_sides_of_every_workload(tmp_path):
     mesh = result["sides"]["mesh"]["runs"]["multi"][0]
     assert mesh["kv_transfer"]["rooms"] == 3 and mesh["kv_transfer"]["bytes"] > 0
     assert "decode-0" in mesh["cpu_s"]
+    steps = mesh["decode_steps"]  # 3 requests of 3-6 tokens: a few steps, every part timed
+    assert steps["steps"] >= 2 and set(steps["ms"]) == {
+        "prepare", "dispatch", "compute", "resume", "handoff"}
+    assert steps["ms"]["compute"] > 0 and all(v >= 0 for v in steps["ms"].values())
+    assert "mesh decode steps during multi" in out.stdout
     assert result["sides"]["engine"]["breakdown"]["decode_step_b1_ms"] > 0
     rows = {r["metric"]: r for r in result["summary"]}
     row = rows["3 req x2 aggregate tok/s"]

@@ -30,7 +30,7 @@ GBPS_BUCKETS = (0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000, 3000)
 class MemberMetrics:
     def __init__(self, role: str, name: str, stats: Callable[[], cpb.MemberStats]):
         self.registry = CollectorRegistry()
-        labels = {"service": role, "role": role, "name": name}
+        self.labels = labels = {"service": role, "role": role, "name": name}
         self.registry.register(_StatsCollector(labels, stats))
         self.registry.register(SpanLossCollector(labels))
         self.transfer_seconds = Histogram(
@@ -84,6 +84,29 @@ def metrics_app(registry: CollectorRegistry) -> Starlette:
         return Response(generate_latest(registry), media_type=PROMETHEUS_MEDIA_TYPE)
 
     return Starlette(routes=[Route("/metrics", metrics, methods=["GET"])])
+
+
+class SecondsByPart:
+    """Counters read at scrape time from a loop's running totals: how many times a piece
+    of work ran (``{count}_total``) and the seconds it spent, by part
+    (``{seconds}_total{part}``)."""
+
+    def __init__(self, labels: dict[str, str], count: str, seconds: str, text: str,
+                 read: Callable[[], tuple[int, dict[str, float]]]):
+        self.labels, self.count, self.seconds, self.text, self.read = (
+            labels, count, seconds, text, read)
+
+    def collect(self):
+        n, parts = self.read()
+        names, values = list(self.labels), list(self.labels.values())
+        count = CounterMetricFamily(self.count, f"{self.text}: how many", labels=names)
+        count.add_metric(values, n)
+        yield count
+        seconds = CounterMetricFamily(self.seconds, f"{self.text}: seconds, by part",
+                                      labels=[*names, "part"])
+        for part, value in parts.items():
+            seconds.add_metric([*values, part], value)
+        yield seconds
 
 
 class _StatsCollector:

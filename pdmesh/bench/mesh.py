@@ -59,11 +59,14 @@ class MeshSide:
         """The records, and what the mesh's processes spent: CPU seconds and KV moved."""
         cpu_before = {k: _proc_cpu(p) for k, p in self.pids.items()}
         kv_before = self.transfer_counters()
+        steps_before = self.step_counters()
         t0 = time.perf_counter()
         records = _run(_serve, self.mesh.router, workload, progress)
         wall = time.perf_counter() - t0
         cpu_after = {k: _proc_cpu(p) for k, p in self.pids.items()}
         kv = {k: v - kv_before[k] for k, v in self.transfer_counters().items()}
+        steps = {k: v - steps_before.get(k, 0.0) for k, v in self.step_counters().items()}
+        n_steps = int(steps.pop("steps"))
         rooms = kv["rooms"]
         spent = {
             "cpu_s": {k: round(cpu_after[k] - cpu_before[k], 3) for k in self.pids
@@ -78,6 +81,9 @@ class MeshSide:
                 "write_gbps_mean": kv["gbps_sum"] / kv["gbps_rooms"] if kv["gbps_rooms"] else None,
                 "tail_ms": 1e3 * kv["tail_seconds"] / rooms if rooms else None,
             },
+            # the decode's mean step, by part (where its host time goes)
+            "decode_steps": {"steps": n_steps, "ms": {
+                part: 1e3 * v / n_steps for part, v in steps.items()} if n_steps else {}},
         }
         return records, spent
 
@@ -87,8 +93,6 @@ class MeshSide:
 
         A room's seconds run from its first chunk written to its KvReady, so they include
         prefill work the transfer overlaps; its GB/s is its last write's, post to done."""
-        from prometheus_client.parser import text_string_to_metric_families
-
         names = {
             "pdmesh_kv_transfer_seconds_count": "rooms",
             "pdmesh_kv_transfer_seconds_sum": "seconds",
@@ -99,16 +103,34 @@ class MeshSide:
             "pdmesh_kv_transfer_tail_seconds_sum": "tail_seconds",
         }
         totals = dict.fromkeys(names.values(), 0.0)
+        for sample in self._samples("prefill"):
+            if sample.name in names and sample.labels.get("kind", "moved") == "moved":
+                totals[names[sample.name]] += sample.value
+        return totals
+
+    def step_counters(self) -> dict[str, float]:
+        """Decode steps so far and their seconds by part (services/decode/batcher.py),
+        summed over the decodes."""
+        totals: dict[str, float] = {"steps": 0.0}
+        for sample in self._samples("decode"):
+            if sample.name == "pdmesh_decode_steps_total":
+                totals["steps"] += sample.value
+            elif sample.name == "pdmesh_decode_step_seconds_total":
+                part = sample.labels["part"]
+                totals[part] = totals.get(part, 0.0) + sample.value
+        return totals
+
+    def _samples(self, role: str):
+        """Every Prometheus sample of the members of ``role``."""
+        from prometheus_client.parser import text_string_to_metric_families
+
         for member in self.mesh.status()["members"]:
-            if member["role"] != "prefill" or not member.get("metrics"):
+            if member["role"] != role or not member.get("metrics"):
                 continue
             with urllib.request.urlopen(member["metrics"], timeout=5) as reply:
                 text = reply.read().decode()
             for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    if sample.name in names and sample.labels.get("kind", "moved") == "moved":
-                        totals[names[sample.name]] += sample.value
-        return totals
+                yield from family.samples
 
     def status(self) -> dict | str:
         try:

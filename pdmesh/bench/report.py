@@ -135,6 +135,11 @@ def print_breakdown(args, sides: dict[str, dict]) -> None:
             cpu = ", ".join(f"{k} {v:.1f}" for k, v in r.get("cpu_s", {}).items() if v >= 0.05)
             print(f"  mesh CPU s during {scenario} (wall {r.get('wall_s', 0):.1f} s, "
                   f"{os.cpu_count()} cores): {cpu}")
+            steps = r.get("decode_steps") or {}
+            if steps.get("steps"):
+                parts = ", ".join(f"{k} {v:.2f}" for k, v in steps["ms"].items())
+                print(f"  mesh decode steps during {scenario}: {steps['steps']}, "
+                      f"{sum(steps['ms'].values()):.2f} ms each: {parts}")
     print()
 
 

@@ -11,6 +11,17 @@ more, so they may be freed.
 
 Before each step the batch grows its sequences' pages as they need them, preempting the
 newest when the pool runs dry (`services/decode/growth.py`).
+
+Where a step's time goes is kept as running totals (`step_seconds`, exported as
+`pdmesh_decode_step_seconds_total{part}`), in the order a step spends it:
+
+- prepare: the event loop admits waiting sequences, grows pages, builds the batch;
+- dispatch: until the compute thread starts the step;
+- compute: the step on the compute thread (launches, the forward, sampling, the copy back);
+- resume: until the event loop runs the batch loop again (behind whatever else it had);
+- handoff: the event loop hands each token to its stream and retires finished sequences.
+
+On a GPU only compute is the device's: the rest is host time the device waits through.
 """
 
 from __future__ import annotations
@@ -32,6 +43,8 @@ from libs.member.timeouts import TIMEOUTS
 from services.decode.growth import grow
 
 log = logging.getLogger(__name__)
+
+STEP_PARTS = ("prepare", "dispatch", "compute", "resume", "handoff")  # in a step's order
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +105,7 @@ class Batcher(ComputeLoop):
         self.running: list[Sequence] = []
         self.waiting: list[Sequence] = []
         self.steps = 0
+        self.step_seconds = dict.fromkeys(STEP_PARTS, 0.0)
         self.preemptions = 0
         self._admitted = 0
 
@@ -139,6 +153,7 @@ class Batcher(ComputeLoop):
         """Run forever: the one owner of the batch."""
         while True:
             await self.until_busy()
+            started = time.perf_counter()
             room = self.max_batch - len(self.running)
             self.running.extend(self.waiting[:room])
             del self.waiting[:room]
@@ -146,7 +161,7 @@ class Batcher(ComputeLoop):
             if not self.running:
                 continue
             try:
-                await self._step()
+                await self._step(started)
             except Exception:  # contained: the batch fails, the loop lives on
                 log.exception("decode step failed; failing %d sequences", len(self.running))
                 for seq in self.running:
@@ -163,17 +178,20 @@ class Batcher(ComputeLoop):
             seq.send.send_nowait(Sampled(-1, "preempted"))
             self._finish(seq)
 
-    async def _step(self) -> None:
+    async def _step(self, started: float) -> None:
         running = list(self.running)
         batch = [
             DecodeSeq(pages=s.pages, pos=s.prompt_len + s.generated - 1, token=s.last_token)
             for s in running
         ]
         self._stepping = True
+        dispatched = time.perf_counter()
         try:
-            tokens, logprobs = await anyio.to_thread.run_sync(self._decode, batch, running)
+            (tokens, logprobs), entered, left = await anyio.to_thread.run_sync(
+                self._timed_decode, batch, running)
         finally:
             self._stepping = False
+        resumed = time.perf_counter()
         self.steps += 1
         self.progressed()
         for i, (seq, token) in enumerate(zip(running, tokens, strict=True)):
@@ -186,6 +204,14 @@ class Batcher(ComputeLoop):
             if sampled.finish_reason is not None:
                 self.running.remove(seq)
                 self._finish(seq)
+        marks = (started, dispatched, entered, left, resumed, time.perf_counter())
+        for part, begin, end in zip(STEP_PARTS, marks, marks[1:], strict=False):
+            self.step_seconds[part] += end - begin
+
+    def _timed_decode(self, batch: list[DecodeSeq], seqs: list[Sequence]):
+        """`_decode`, with the compute thread's start and end times."""
+        entered = time.perf_counter()
+        return self._decode(batch, seqs), entered, time.perf_counter()
 
     def _decode(
         self, batch: list[DecodeSeq], seqs: list[Sequence]

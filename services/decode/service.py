@@ -42,6 +42,7 @@ from libs.member import grant
 from libs.member.admission import admit_room
 from libs.member.kv_member import KvMember
 from libs.member.lifecycle import Request
+from libs.member.metrics import SecondsByPart
 from libs.member.service import MemberConfig, MemberService
 from libs.member.timeouts import TIMEOUTS
 from libs.member.wire import (
@@ -108,6 +109,10 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
             stall_step=member.faults.stall_step,
         )
         super().__init__(member, config, epoch, self.batcher)
+        self.metrics.registry.register(SecondsByPart(
+            self.metrics.labels, "pdmesh_decode_steps", "pdmesh_decode_step_seconds",
+            "Decode steps (services/decode/batcher.py says what each part is)",
+            lambda: (self.batcher.steps, dict(self.batcher.step_seconds))))
         self.quarantine: dict[RoomKey, Slot] = {}
         self.unknown_notifs = 0
         self._kv_expected = anyio.Event()

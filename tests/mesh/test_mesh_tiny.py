@@ -398,12 +398,16 @@ def test_every_member_serves_its_prometheus_metrics(tiny_mesh):
         else:  # 4 tokens: a first one, then three gaps
             assert _sample(text, "pdmesh_time_to_first_token_seconds_count") >= 1
             assert _sample(text, "pdmesh_inter_token_latency_seconds_count") >= 3
+            assert _sample(text, "pdmesh_decode_steps_total") >= 3
+            assert _sample(text, "pdmesh_decode_step_seconds_total", 'part="compute"') > 0
         assert f'pdmesh_trace_spans_dropped_total{{cause="queue_full",{labels}}} 0.0' in text
         keys = {pair.split("=")[0] for line in text.splitlines()
                 if "{" in line and not line.startswith("#")
                 for pair in line[line.index("{") + 1 : line.index("}")].split(",")}
-        # bounded labels only (kind: moved|skipped KV bytes); never a room or a request
-        assert keys <= {"name", "role", "service", "state", "reason", "cause", "kind", "le"}, keys
+        # bounded labels only (kind: moved|skipped KV bytes; part: of a decode step);
+        # never a room or a request
+        assert keys <= {"name", "role", "service", "state", "reason", "cause", "kind", "le",
+                        "part"}, keys
     # the bootstrap serves its own: members by role and membership changes
     text = httpx.get(status["bootstrap"]["metrics"], timeout=10).text
     boot = 'name="bootstrap",role="bootstrap",service="bootstrap"'

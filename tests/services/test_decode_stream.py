@@ -310,3 +310,23 @@ async def test_the_batch_samples_what_a_colocated_run_samples(device):
         return out
 
     assert await with_batcher(engine, together) == alone
+
+
+
+async def test_the_batch_keeps_where_each_step_spent_its_time():
+    """Every step adds its parts to the batch's running totals: compute holds the compute
+    thread's step (here a 5 ms sleep), the others the event loop's share of the step."""
+    params = SamplingParams(temperature=0, max_tokens=12)
+
+    async def body(batcher):
+        started = time.perf_counter()
+        await run_sequence(batcher, params)
+        return batcher, time.perf_counter() - started
+
+    batcher, elapsed = await with_batcher(SlowEngine(0.005), body)
+    parts = batcher.step_seconds
+    assert list(parts) == ["prepare", "dispatch", "compute", "resume", "handoff"]
+    assert batcher.steps == 11  # the first of the 12 tokens is the prefill's
+    assert 11 * 0.005 <= parts["compute"] < elapsed
+    assert all(v >= 0 for v in parts.values())
+    assert sum(parts.values()) <= elapsed
