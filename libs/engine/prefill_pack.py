@@ -87,5 +87,8 @@ def pack_prefill(chunks: Sequence[tuple[Sequence[int], Sequence[int], int, bool]
     pad_key = np.array([[-1], [0], keys[2, :1], keys[3, :1]])
     keys = np.concatenate([keys, np.repeat(pad_key, k_b - k, 1)], 1)
     out = np.concatenate([out, np.repeat(out[-1:], r_b - real)])
-    data = np.concatenate([queries.reshape(-1), keys.reshape(-1), out]).astype(np.int32)
+    data = np.concatenate([queries.reshape(-1), keys.reshape(-1), out])
+    if data.min() < np.iinfo(np.int32).min or data.max() > np.iinfo(np.int32).max:
+        raise ValueError("a token or page id outside int32")  # the cast would wrap it
+    data = data.astype(np.int32)
     return PackedPrefill(data, t_b, k_b, r_b, real)

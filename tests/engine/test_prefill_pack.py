@@ -87,6 +87,8 @@ def test_prefill_batch_refuses_ids_outside_the_vocabulary_or_the_pool():
         eng.prefill_batch([PrefillSeq([-1, 5], pages, 0)])
     with pytest.raises(ValueError, match="page id outside"):
         eng.prefill_batch([PrefillSeq([5, 6], [4], 0)])
+    with pytest.raises(ValueError, match="outside int32"):  # not wrapped into range
+        eng.prefill_batch([PrefillSeq([5, 2**32 + 5], pages, 0)])
     with pytest.raises(ValueError, match="page id outside"):  # a page it would only read
         eng.prefill_batch([PrefillSeq([5, 6], [9, *pages], 16)])
     assert not eng.pool.tensor.any()  # refused before any write
