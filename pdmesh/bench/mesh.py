@@ -56,7 +56,8 @@ class MeshSide:
         wait_quiet(self.mesh, 30)
 
     def serve(self, workload: Workload, progress: Progress) -> tuple[list[Record], dict]:
-        """The records, and what the mesh's processes spent: CPU seconds and KV moved."""
+        """The records, and what the mesh's processes spent: CPU seconds, KV moved and the
+        decode's mean step by part."""
         cpu_before = {k: _proc_cpu(p) for k, p in self.pids.items()}
         kv_before = self.transfer_counters()
         steps_before = self.step_counters()
