@@ -37,7 +37,7 @@ from .graphs import DecodeGraphs
 from .kvpool import KvPool
 from .model import Weights, add_rms_norm, attention_block, rms_norm, rope_tables, swiglu_mlp
 from .prefill_graphs import PrefillGraphs
-from .prefill_pack import pack_prefill
+from .prefill_pack import columns, pack_prefill
 
 DEFAULT_MAX_BATCH = 256  # the largest decode graph bucket unless the engine is told less
 
@@ -164,9 +164,9 @@ class Engine:
         """Logits [r, vocab] (fp32) of a pack in prefill_pack.py's layout, on the device
         (T = t tokens, K = k keys, R = r output rows): the forward a prefill graph
         replays, at shapes that depend only on (t, k, r)."""
-        tokens, positions, owners, write_pages, write_slots = data[: 5 * t].view(5, t)
-        key_owners, key_positions, key_pages, key_slots = data[5 * t : 5 * t + 4 * k].view(4, k)
-        out_index = data[5 * t + 4 * k : 5 * t + 4 * k + r]
+        queries, keys, out_index = columns(data, t, k, r)
+        tokens, positions, owners, write_pages, write_slots = queries
+        key_owners, key_positions, key_pages, key_slots = keys
         # A query sees the keys of its own chunk's sequence at positions <= its own.
         mask = ((owners[:, None] == key_owners[None, :])
                 & (key_positions[None, :] <= positions[:, None]))

@@ -27,7 +27,7 @@ from collections.abc import Callable
 import torch
 
 from .graphs import WARMUP_RUNS, GraphOutOfMemory, _on, _out_of_memory
-from .prefill_pack import KEY_COLUMNS, QUERY_COLUMNS, PackedPrefill
+from .prefill_pack import PackedPrefill, packed_size
 
 MIN_TOKENS = 16
 KEY_GROWTH = 4
@@ -44,7 +44,7 @@ def prefill_buckets(max_tokens: int, max_keys: int) -> list[Bucket]:
     while t < max_tokens:
         tokens.append(t)
         t *= 2
-    tokens.append(max(t, MIN_TOKENS) if not tokens else max_tokens)
+    tokens.append(max_tokens if tokens else MIN_TOKENS)  # the budget itself, at least 16
     out = []
     for t in tokens:
         k = t
@@ -57,8 +57,7 @@ def prefill_buckets(max_tokens: int, max_keys: int) -> list[Bucket]:
 
 
 def _size(bucket: Bucket) -> int:
-    t, k, r = bucket
-    return QUERY_COLUMNS * t + KEY_COLUMNS * k + r
+    return packed_size(*bucket)
 
 
 class PrefillGraphs:

@@ -27,9 +27,23 @@ import numpy as np
 QUERY_COLUMNS, KEY_COLUMNS = 5, 4
 
 
+def packed_size(t: int, k: int, r: int) -> int:
+    """Elements of a pack of t tokens, k keys and r output rows."""
+    return QUERY_COLUMNS * t + KEY_COLUMNS * k + r
+
+
+def columns(data, t: int, k: int, r: int):
+    """(queries [5, t], keys [4, k], output rows [r]): views of a pack's array, numpy on
+    the host or torch on the device."""
+    keys_at = QUERY_COLUMNS * t
+    rows_at = keys_at + KEY_COLUMNS * k
+    return (data[:keys_at].reshape(QUERY_COLUMNS, t), data[keys_at:rows_at].reshape(KEY_COLUMNS, k),
+            data[rows_at : rows_at + r])
+
+
 @dataclass(frozen=True)
 class PackedPrefill:
-    data: np.ndarray  # int32 [5 T + 4 K + R]
+    data: np.ndarray  # int32 [packed_size(tokens, keys, rows)]
     tokens: int  # T (padded)
     keys: int  # K (padded)
     rows: int  # R (padded)
@@ -37,13 +51,12 @@ class PackedPrefill:
 
     @property
     def token_ids(self) -> np.ndarray:
-        return self.data[: self.tokens]
+        return columns(self.data, self.tokens, self.keys, self.rows)[0][0]
 
     @property
     def key_pages(self) -> np.ndarray:
         """Every page the pack reads or writes (each new token is also a key)."""
-        start = QUERY_COLUMNS * self.tokens + 2 * self.keys
-        return self.data[start : start + self.keys]
+        return columns(self.data, self.tokens, self.keys, self.rows)[1][2]
 
 
 def pack_prefill(chunks: Sequence[tuple[Sequence[int], Sequence[int], int, bool]],
