@@ -45,6 +45,16 @@ DEFAULT_MAX_BATCH = 256  # the largest decode graph bucket unless the engine is 
 TOKEN, POSITION, LENGTH, PAGES = 0, 1, 2, 3
 
 
+def feed_tokens(rows: torch.Tensor, fed: torch.Tensor | None) -> None:
+    """In packed decode rows on the device, replace each token -(j + 1) by fed[j], in
+    place (a few small kernels, no host sync). Padding rows (token 0) stay as they are."""
+    if fed is None:
+        return
+    tokens = rows[:, TOKEN]
+    index = (-1 - tokens).clamp_(0, fed.numel() - 1)
+    tokens.copy_(torch.where(tokens < 0, fed.to(tokens.dtype)[index], tokens))
+
+
 class ForwardCancelled(Exception):
     """A forward pass stopped early because its caller no longer wants it."""
 
@@ -104,7 +114,7 @@ class Engine:
             width = PAGES + pool.pages_for(self.max_context)
             self._static = DecodeGraphs(
                 lambda inputs: self.decode_forward(inputs, self.max_context),
-                self.device, width, max_batch, capture=cuda_graphs,
+                self.device, width, max_batch, capture=cuda_graphs, feed=feed_tokens,
             )
             if cuda_graphs:
                 self.graphs = self._static
@@ -186,31 +196,39 @@ class Engine:
         with torch.inference_mode():
             return self.prefill_graphs.capture_all()
 
-    def _check_ids(self, tokens: np.ndarray, pages: np.ndarray) -> None:
-        """Out-of-range ids would be out-of-bounds reads and writes in the CUDA kernels."""
-        if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
+    def _check_ids(self, tokens: np.ndarray, pages: np.ndarray, lowest: int = 0) -> None:
+        """Out-of-range ids would be out-of-bounds reads and writes in the CUDA kernels.
+        (A decode token down to ``lowest`` names a fed id: see ``decode_step``.)"""
+        if tokens.min() < lowest or tokens.max() >= self.config.vocab_size:
             raise ValueError(f"token id outside the vocabulary of {self.config.vocab_size}")
         if pages.min() < 0 or pages.max() >= self.pool.num_pages:
             raise ValueError(f"page id outside the pool's {self.pool.num_pages} pages")
 
     @torch.inference_mode()
-    def decode_step(self, seqs: Sequence[DecodeSeq], copy: bool = True) -> torch.Tensor:
+    def decode_step(self, seqs: Sequence[DecodeSeq], copy: bool = True,
+                    fed: torch.Tensor | None = None) -> torch.Tensor:
         """One token for each of B sequences in one forward; logits [B, vocab] (fp32) on the
         engine's device.
 
         Through CUDA graphs the logits are the graph's output buffer, valid until the next
         decode step: ``copy=True`` (the default) returns a copy the caller keeps,
         ``copy=False`` the buffer itself (one device copy less a step, for a caller that
-        reads it before its next decode step)."""
+        reads it before its next decode step).
+
+        ``fed``: token ids on the device (the previous step's sampled ones), for a step
+        launched before those reached the host: a sequence whose ``token`` is -(j + 1)
+        feeds ``fed[j]``. Nothing waits for ``fed``; the device reads it in stream order."""
         if not seqs:
             raise ValueError("decode_step needs at least one sequence")
         for s in seqs:
             self._check_pages(s.pages, s.pos + 1, self.max_context)
-        packed = self._pack_decode(seqs)
+        packed = self._pack_decode(seqs, 0 if fed is None else fed.numel())
         if self._static is not None:
-            logits = self._static.run(packed)
+            logits = self._static.run(packed, fed)
             return logits.clone() if copy and self.graphs is not None else logits
-        return self.decode_forward(packed.to(self.device), max(s.pos for s in seqs) + 1)
+        inputs = packed.to(self.device)
+        feed_tokens(inputs, fed)
+        return self.decode_forward(inputs, max(s.pos for s in seqs) + 1)
 
     def capture_decode_graphs(self, max_batch: int | None = None) -> list[int]:
         """Capture the decode graphs now, for every bucket up to the one holding
@@ -222,10 +240,11 @@ class Engine:
         with torch.inference_mode():
             return self.graphs.capture_all(max_batch)
 
-    def _pack_decode(self, seqs: Sequence[DecodeSeq]) -> torch.Tensor:
+    def _pack_decode(self, seqs: Sequence[DecodeSeq], fed: int = 0) -> torch.Tensor:
         """[B, PAGES + W] int32 on the host: token, position, length (position + 1) and the
         pages covering positions 0..position, zero-padded to the widest row. (Through numpy:
-        a few times faster than torch.tensor on nested lists, ~0.15 ms at B=128.)"""
+        a few times faster than torch.tensor on nested lists, ~0.15 ms at B=128.) A token
+        may be -(j + 1) for j < ``fed``: one of the fed ids (``decode_step``)."""
         ps = self.pool.page_size
         n_pages = [s.pos // ps + 1 for s in seqs]
         width = max(n_pages)
@@ -238,7 +257,7 @@ class Engine:
         cols = PAGES + width
         flat = np.fromiter(itertools.chain.from_iterable(rows), np.int32, len(rows) * cols)
         packed = flat.reshape(len(rows), cols)
-        self._check_ids(packed[:, TOKEN], packed[:, PAGES:])
+        self._check_ids(packed[:, TOKEN], packed[:, PAGES:], lowest=-fed)
         return torch.from_numpy(packed)
 
     def _check_pages(self, pages: Sequence[int], num_tokens: int, limit: int) -> None:

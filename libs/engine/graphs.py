@@ -71,8 +71,11 @@ class DecodeGraphs:
 
     def __init__(self, forward: Callable[[torch.Tensor], torch.Tensor],
                  device: torch.device | str, width: int, max_batch: int,
-                 capture: bool = True) -> None:
+                 capture: bool = True,
+                 feed: Callable[[torch.Tensor, torch.Tensor], None] | None = None) -> None:
+        """feed(rows, fed): substitutes fed token ids into rows on the device (``run``)."""
         self.forward = forward
+        self._feed = feed
         self.device = torch.device(device)
         self.buckets = buckets_for(max_batch)
         self.max_batch = max_batch
@@ -91,19 +94,22 @@ class DecodeGraphs:
         """The smallest bucket holding ``batch`` rows (batch <= max_batch)."""
         return next(b for b in self.buckets if b >= batch)
 
-    def run(self, packed: torch.Tensor) -> torch.Tensor:
+    def run(self, packed: torch.Tensor, fed: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [B, V] on the device of packed rows [B, <= width] (int32, on the host).
-        Captured, they are a view of the graph's output: valid until the next run."""
+        Captured, they are a view of the graph's output: valid until the next run.
+        ``fed``: device token ids that tokens -(j + 1) stand for (engine.feed_tokens),
+        substituted on the device after the copy, before the replay."""
         batch, cols = packed.shape
         if cols > self.width:
             raise ValueError(f"rows of {cols} columns exceed the graphs' {self.width}")
         if batch > self.max_batch:  # several replays; each part copied before the next
             step = self.max_batch
-            return torch.cat([self.run(packed[i : i + step]).clone()
+            return torch.cat([self.run(packed[i : i + step], fed).clone()
                               for i in range(0, batch, step)])
         bucket = self.bucket(batch)
         if not self.captures:
             rows = self._fill(packed, bucket).to(self.device)
+            self._feed_into(rows, fed)
             return self.forward(rows)[:batch]
         if bucket not in self.graphs:
             self.capture(bucket)
@@ -112,9 +118,16 @@ class DecodeGraphs:
             rows = self._fill(packed, bucket)
             self.static[:bucket].copy_(rows, non_blocking=True)
             self._copied.record()
+            self._feed_into(self.static[:batch], fed)
             graph, out = self.graphs[bucket]
             graph.replay()
         return out[:batch]
+
+    def _feed_into(self, rows: torch.Tensor, fed: torch.Tensor | None) -> None:
+        if fed is not None:
+            if self._feed is None:
+                raise ValueError("these graphs were built without a feed")
+            self._feed(rows, fed)
 
     def _fill(self, packed: torch.Tensor, bucket: int) -> torch.Tensor:
         """The bucket's host rows: the batch's, then padding. Columns past a row's pages

@@ -150,7 +150,11 @@ class BatchSampling:
             [[p.top_k for p in params], [_signed(_seed_state(s)) for s in seeds], list(steps)],
             dtype=torch.int64,
         )
-        packed = torch.cat([floats.view(torch.int64), ints]).to(device)
+        packed = torch.cat([floats.view(torch.int64), ints])
+        if torch.device(device).type == "cuda":  # from pinned memory: the copy waits for
+            packed = packed.pin_memory().to(device, non_blocking=True)  # nothing queued
+        else:
+            packed = packed.to(device)
         return cls(
             temperature=packed[0].view(torch.float64),
             top_p=packed[1].view(torch.float64),

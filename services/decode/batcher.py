@@ -36,11 +36,12 @@ import torch
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from libs.engine.engine import DecodeSeq, Engine
+from libs.engine.host_tokens import HostTokens, Pending
 from libs.engine.logprobs import TokenLogprob, token_logprobs
 from libs.engine.sampling import BatchSampling, SamplingParams, request_seed, sample_batch
 from libs.member.loop import ComputeLoop
 from libs.member.timeouts import TIMEOUTS
-from services.decode.growth import grow
+from services.decode.growth import grow, pages_short
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class Sequence:
     history: list[int] = field(default_factory=list)  # every accepted token, in order
     cancelled: bool = False
     finished: bool = False
+    ahead: int = 0  # tokens launched on the device, not handed off yet (0..2)
+    row: int = 0  # its row in the last step launched
     order: int = 0  # admission order, for newest-first preemption
     released: anyio.Event = field(default_factory=anyio.Event)
 
@@ -94,20 +97,47 @@ class Sequence:
         return Sampled(token, None, logprob)
 
 
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """A step as the event loop planned it, for the compute thread to launch."""
+
+    seqs: list[Sequence]
+    rows: list[DecodeSeq]
+    steps: list[int]  # each row's sampling step
+    fed: torch.Tensor | None  # the step on the device's sampled ids, which rows may feed
+
+
+@dataclass(eq=False)
+class Launch:
+    """A step on the device: its sequences in row order, its sampled ids (on the device,
+    which the next step may feed) and their copy to the host."""
+
+    seqs: list[Sequence]
+    tokens: torch.Tensor  # [B] on the engine's device
+    host: Pending
+    logprobs: dict[int, TokenLogprob]  # by row, for the rows that asked
+
+
 class Batcher(ComputeLoop):
     def __init__(self, engine: Engine, eos_token_ids: Iterable[int], max_batch: int = 64,
-                 stall_after: float = TIMEOUTS.decode_stall_seconds, stall_step: float = 0.0):
+                 stall_after: float = TIMEOUTS.decode_stall_seconds, stall_step: float = 0.0,
+                 overlap: bool | None = None):
+        """overlap: launch each step before handing off the one before (default: on
+        CUDA, where a launch does not wait for the device)."""
         super().__init__(stall_after)
         self.engine = engine
         self.stall_step = stall_step  # fault injection: a step slower than a release's bound
         self.eos_ids = frozenset(eos_token_ids)
         self.max_batch = max_batch
+        on_cuda = torch.device(engine.device).type == "cuda"
+        self.overlap = on_cuda if overlap is None else overlap
         self.running: list[Sequence] = []
         self.waiting: list[Sequence] = []
         self.steps = 0
         self.step_seconds = dict.fromkeys(STEP_PARTS, 0.0)
         self.preemptions = 0
         self._admitted = 0
+        self._host_tokens = HostTokens()
 
     def admit(self, pages, prompt_len: int, first_token: int, params: SamplingParams) -> Sequence:
         # every token of a sequence (and the error) fits: send_nowait never blocks the step
@@ -139,8 +169,8 @@ class Batcher(ComputeLoop):
         if seq in self.waiting:
             self.waiting.remove(seq)
             self._finish(seq)
-        # a running sequence leaves at the end of the step in progress (or now if idle)
-        elif seq in self.running and not self._stepping:
+        # a sequence in a step leaves when that step is handed off (or now if it is in none)
+        elif seq in self.running and not self._stepping and not seq.ahead:
             self.running.remove(seq)
             self._finish(seq)
 
@@ -151,95 +181,167 @@ class Batcher(ComputeLoop):
 
     async def run(self) -> None:
         """Run forever: the one owner of the batch."""
+        ahead: Launch | None = None  # with overlap: launched, its tokens not handed off
         while True:
-            await self.until_busy()
+            if ahead is None:
+                await self.until_busy()
             started = time.perf_counter()
-            room = self.max_batch - len(self.running)
-            self.running.extend(self.waiting[:room])
-            del self.waiting[:room]
-            self._grow()
-            if not self.running:
+            batch = self._next_batch(can_preempt=ahead is None)
+            if not batch and ahead is None:
                 continue
             try:
-                await self._step(started)
+                ahead = await self._step(batch, ahead, started)
             except Exception:  # contained: the batch fails, the loop lives on
                 log.exception("decode step failed; failing %d sequences", len(self.running))
-                for seq in self.running:
-                    seq.send.send_nowait(Sampled(-1, "error"))
-                    self._finish(seq)
-                self.running.clear()
+                self._fail(batch, ahead)
+                ahead = None
+
+    def _next_batch(self, can_preempt: bool) -> list[Sequence]:
+        """The sequences the next step advances, their pages grown for it.
+
+        Admits waiting sequences, retires cancelled ones, and leaves out those whose last
+        token is already on the device. Preemption frees pages at once, so it happens
+        only with no step on the device (``can_preempt``); when the pool is short with a
+        step on the device, the batch is empty: that step is handed off first.
+        """
+        room = self.max_batch - len(self.running)
+        self.running.extend(self.waiting[:room])
+        del self.waiting[:room]
+        for seq in [s for s in self.running if s.cancelled]:
+            self.running.remove(seq)
+            self._finish(seq)
+        if can_preempt:
+            self._grow()
+            return list(self.running)
+        batch = [s for s in self.running if s.generated + s.ahead < s.params.max_tokens]
+        if sum(pages_short(self.engine.pool, s) for s in batch) > self.engine.pool.free_count:
+            return []
+        grow(self.engine.pool, batch)  # every shortfall fits: nothing is preempted
+        return batch
 
     def _grow(self) -> None:
-        """Between steps: pages for every running sequence's next token, newest preempted
-        first when the pool is short; a preempted sequence's stream ends "preempted"."""
+        """With no step on the device: pages for every running sequence's next token,
+        newest preempted first when the pool is short; a preempted sequence's stream ends
+        "preempted"."""
         for seq in grow(self.engine.pool, self.running, self.waiting):
             (self.running if seq in self.running else self.waiting).remove(seq)
             self.preemptions += 1
             seq.send.send_nowait(Sampled(-1, "preempted"))
             self._finish(seq)
 
-    async def _step(self, started: float) -> None:
-        running = list(self.running)
-        batch = [
-            DecodeSeq(pages=s.pages, pos=s.prompt_len + s.generated - 1, token=s.last_token)
-            for s in running
-        ]
+    async def _step(self, batch: list[Sequence], ahead: Launch | None,
+                    started: float) -> Launch | None:
+        """Launch ``batch``'s step and hand off the step before it (with overlap), or the
+        step itself (without); returns the step left on the device, if any."""
+        plan = self._plan(batch, ahead)
+        for row, seq in enumerate(batch):
+            seq.ahead += 1
+            seq.row = row
         self._stepping = True
         dispatched = time.perf_counter()
         try:
-            (tokens, logprobs), entered, left = await anyio.to_thread.run_sync(
-                self._timed_decode, batch, running)
+            (launched, done, tokens), entered, left = await anyio.to_thread.run_sync(
+                self._timed_advance, plan, ahead)
         finally:
             self._stepping = False
         resumed = time.perf_counter()
-        self.steps += 1
+        if launched is not None:
+            self.steps += 1
         self.progressed()
-        for i, (seq, token) in enumerate(zip(running, tokens, strict=True)):
+        if done is not None:
+            self._hand_off(done, tokens)
+        marks = (started, dispatched, entered, left, resumed, time.perf_counter())
+        for part, begin, end in zip(STEP_PARTS, marks, marks[1:], strict=False):
+            self.step_seconds[part] += end - begin
+        return launched if self.overlap else None
+
+    def _plan(self, batch: list[Sequence], ahead: Launch | None) -> StepPlan | None:
+        """On the event loop: what the compute thread needs to launch ``batch``.
+
+        A sequence with a token on the device (``ahead``) feeds it from there: its row
+        in ``ahead`` stands in for the id. Token k of a sequence is drawn with step
+        start_step + k (the prefill drew start_step, 0 unless this is a preempted
+        request's re-run), so its stream is the one a colocated, unpreempted run would
+        sample.
+        """
+        if not batch:
+            return None
+        rows, steps = [], []
+        for s in batch:
+            fed = s.generated + s.ahead  # tokens sampled so far, the prefill's included
+            token = -(s.row + 1) if s.ahead else s.last_token
+            rows.append(DecodeSeq(pages=s.pages, pos=s.prompt_len + fed - 1, token=token))
+            steps.append(s.params.start_step + fed)
+        return StepPlan(batch, rows, steps, ahead.tokens if ahead is not None else None)
+
+    def _timed_advance(self, plan: StepPlan | None, ahead: Launch | None):
+        """`_advance`, with the compute thread's start and end times."""
+        entered = time.perf_counter()
+        return self._advance(plan, ahead), entered, time.perf_counter()
+
+    def _advance(self, plan: StepPlan | None, ahead: Launch | None):
+        """On the compute thread: launch the plan's step, then wait for the tokens of the
+        step to hand off: the one before it with overlap (the device runs the new step
+        meanwhile), the new one without."""
+        launched = self._launch(plan) if plan is not None else None
+        done = ahead if self.overlap else launched
+        return launched, done, done.host.wait() if done is not None else None
+
+    def _launch(self, plan: StepPlan) -> Launch:
+        """The forward pass and the batch's sampling, queued on the device, and the copy of
+        the sampled ids to the host; the logprobs of the rows that asked for them are read
+        here (a host sync, so such a step does not overlap)."""
+        if self.stall_step:
+            time.sleep(self.stall_step)  # blocks the compute thread, as a starved host would
+        seqs = plan.seqs
+        sampling = BatchSampling.build([s.params for s in seqs], [s.seed for s in seqs],
+                                       plan.steps, self.engine.device)
+        logits = self.engine.decode_step(plan.rows, copy=False, fed=plan.fed)
+        tokens = sample_batch(logits, sampling)
+        host = self._host_tokens.start(tokens)
+        rows = [i for i, s in enumerate(seqs) if s.params.logprobs]
+        logprobs: dict[int, TokenLogprob] = {}
+        if rows:
+            index = torch.tensor(rows, device=logits.device)
+            found = token_logprobs(logits[index], tokens[index],
+                                   [seqs[i].params.top_logprobs for i in rows])
+            logprobs = dict(zip(rows, found, strict=True))
+        return Launch(seqs, tokens, host, logprobs)
+
+    def _hand_off(self, done: Launch, tokens: list[int]) -> None:
+        """On the event loop: each token to its sequence's stream; a sequence that ended
+        or was cancelled while the step ran drops its token, and is released once no
+        step on the device holds it."""
+        for row, (seq, token) in enumerate(zip(done.seqs, tokens, strict=True)):
+            seq.ahead -= 1
+            if seq.finished:  # ended during the step: nothing of it is read any more
+                if not seq.ahead:
+                    seq.released.set()
+                continue
             if seq.cancelled:
                 self.running.remove(seq)
                 self._finish(seq)
                 continue
-            sampled = seq.accept(token, logprobs.get(i))
+            sampled = seq.accept(token, done.logprobs.get(row))
             seq.send.send_nowait(sampled)
             if sampled.finish_reason is not None:
                 self.running.remove(seq)
                 self._finish(seq)
-        marks = (started, dispatched, entered, left, resumed, time.perf_counter())
-        for part, begin, end in zip(STEP_PARTS, marks, marks[1:], strict=False):
-            self.step_seconds[part] += end - begin
 
-    def _timed_decode(self, batch: list[DecodeSeq], seqs: list[Sequence]):
-        """`_decode`, with the compute thread's start and end times."""
-        entered = time.perf_counter()
-        return self._decode(batch, seqs), entered, time.perf_counter()
-
-    def _decode(
-        self, batch: list[DecodeSeq], seqs: list[Sequence]
-    ) -> tuple[list[int], dict[int, TokenLogprob]]:
-        """On the compute thread: the forward pass, the batch's sampling, one copy back;
-        and the logprobs of the rows that asked for them (one more copy, only then).
-
-        Token k of a sequence is drawn with step start_step + k (the prefill drew
-        start_step, 0 unless this is a preempted request's re-run), so its stream is the
-        one a colocated, unpreempted run would sample.
-        """
-        if self.stall_step:
-            time.sleep(self.stall_step)  # blocks the compute thread, as a starved host would
-        sampling = BatchSampling.build(
-            [s.params for s in seqs], [s.seed for s in seqs],
-            [s.params.start_step + s.generated for s in seqs], self.engine.device,
-        )
-        logits = self.engine.decode_step(batch)
-        tokens = sample_batch(logits, sampling)
-        rows = [i for i, s in enumerate(seqs) if s.params.logprobs]
-        if not rows:
-            return tokens.tolist(), {}
-        index = torch.tensor(rows, device=logits.device)
-        found = token_logprobs(logits[index], tokens[index],
-                               [seqs[i].params.top_logprobs for i in rows])
-        return tokens.tolist(), dict(zip(rows, found, strict=True))
+    def _fail(self, batch: list[Sequence], ahead: Launch | None) -> None:
+        """A step failed: every sequence of the batch ends with an error and is released
+        (the failed step is not waited for)."""
+        for seq in {*batch, *(ahead.seqs if ahead is not None else ()), *self.running}:
+            seq.ahead = 0
+            if not seq.finished:
+                seq.send.send_nowait(Sampled(-1, "error"))
+                self._finish(seq)
+            seq.released.set()
+        self.running.clear()
 
     def _finish(self, seq: Sequence) -> None:
+        """End the sequence's stream; release it unless a step on the device holds it."""
         seq.finished = True
         seq.send.close()
-        seq.released.set()
+        if not seq.ahead:
+            seq.released.set()

@@ -37,6 +37,7 @@ class Growing(Protocol):
     pages: list[int]
     prompt_len: int
     generated: int
+    ahead: int  # tokens sampled by a step still on the device
     order: int  # admission order: a larger one is newer
 
 
@@ -63,8 +64,8 @@ class Reservation:
 
 def pages_short(pool: KvPool, seq: Growing) -> int:
     """Pages the sequence lacks for its next step, which writes the KV of position
-    prompt_len + generated - 1 (the token it feeds)."""
-    return max(0, pool.pages_for(seq.prompt_len + seq.generated) - len(seq.pages))
+    prompt_len + generated + ahead - 1 (the token it feeds)."""
+    return max(0, pool.pages_for(seq.prompt_len + seq.generated + seq.ahead) - len(seq.pages))
 
 
 def grow(pool: KvPool, running: Sequence[Growing], others: Iterable[Growing] = ()

@@ -47,6 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     parser.add_argument(
+        "--overlap-steps", default="auto", choices=("auto", "on", "off"),
+        help="launch each decode step before handing off the previous one's tokens, so "
+        "the host's share of a step (streams, admission, page growth) runs while the "
+        "device computes (default auto: on for CUDA, off on the CPU, where a launch "
+        "is the whole forward)",
+    )
+    parser.add_argument(
         "--message-rate", type=message_rate, default=DEFAULT_MESSAGE_RATE, metavar="PER_S",
         help=f"token messages a second across all streams (default {DEFAULT_MESSAGE_RATE:g}): "
         "each stream waits out its share (batch size / rate) between messages, and the "
@@ -62,6 +69,8 @@ async def serve(args: argparse.Namespace) -> None:
     log.info("max batch %d sequences a step", max_batch)
     reservation = growth.Reservation(args.kv_reserve, args.kv_growth_tokens)
     config = DecodeConfig(max_rooms=args.max_rooms, max_batch=max_batch,
-                          reservation=reservation, message_rate=args.message_rate)
+                          reservation=reservation, message_rate=args.message_rate,
+                          overlap_steps={"auto": None, "on": True, "off": False}[
+                              args.overlap_steps])
     await serve_member(args, DecodeService, config,
                        decode_pb2.DESCRIPTOR.services_by_name["Decode"])

@@ -93,6 +93,7 @@ class DecodeConfig(MemberConfig):
     # Token messages a second over all streams, 0 for no pace (`pdmesh decode` sets
     # --message-rate, default services.decode.main.DEFAULT_MESSAGE_RATE).
     message_rate: float = 0.0
+    overlap_steps: bool | None = None  # None: on CUDA (--overlap-steps auto)
     notif_poll_min: float = 0.0005
     notif_poll_max: float = 0.008
 
@@ -106,7 +107,7 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
             member.engine, member.loaded.tokenizer.eos_token_ids, config.max_batch,
             stall_after=TIMEOUTS.decode_stall_seconds if member.stall_after is None
             else member.stall_after,
-            stall_step=member.faults.stall_step,
+            stall_step=member.faults.stall_step, overlap=config.overlap_steps,
         )
         super().__init__(member, config, epoch, self.batcher)
         self.metrics.registry.register(SecondsByPart(

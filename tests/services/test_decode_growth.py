@@ -29,6 +29,7 @@ class Seq:
     prompt_len: int
     order: int
     generated: int = 1  # the prefill's first token
+    ahead: int = 0
     pages: list[int] = field(default_factory=list)
 
 
@@ -125,19 +126,21 @@ PROMPTS = [list(range(5 + i, 17 + i)) for i in range(3)]  # 12 tokens: 3 pages e
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=20, ignore_eos=True)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
 async def test_the_batch_preempts_the_newest_and_its_continuation_samples_the_same_tokens(
-    engine_maker,
+    engine_maker, overlap,
 ):
     """Three seeded sequences whose whole lengths need 24 pages share 16: the batch grows
     them step by step and preempts the newest; the others finish with the tokens they
     sample alone, and the preempted one's continuation (prompt + its streamed tokens,
-    start_step = their count, on a fresh pool) completes exactly its unpreempted stream."""
+    start_step = their count, on a fresh pool) completes exactly its unpreempted stream.
+    With overlap, the preemption waits until no step is on the device."""
     alone_engine = engine_maker(64)
     alone = [generate(alone_engine, p, SEEDED) for p in PROMPTS]
     assert len({t for tokens in alone for t in tokens}) > 20  # the check can tell
 
     engine = engine_maker(16)
-    batcher = Batcher(engine, eos_token_ids=[])
+    batcher = Batcher(engine, eos_token_ids=[], overlap=overlap)
     out: list[tuple[list[int], str | None]] = []
 
     async def run_all():
@@ -172,7 +175,7 @@ async def test_the_batch_preempts_the_newest_and_its_continuation_samples_the_sa
                             max_tokens=rest.max_tokens, ignore_eos=True,
                             start_step=rest.start_step)
     fresh = engine_maker(64)
-    batcher = Batcher(fresh, eos_token_ids=[])
+    batcher = Batcher(fresh, eos_token_ids=[], overlap=overlap)
     async with anyio.create_task_group() as tg:
         tg.start_soon(batcher.run)
         pages, first = prefilled(fresh, rest_prompt, params, params.max_tokens)

@@ -47,9 +47,10 @@ class FakeEngine:
         row[nxt] += self.boost
         return row
 
-    def decode_step(self, batch) -> torch.Tensor:
+    def decode_step(self, batch, copy=True, fed=None) -> torch.Tensor:
         self.batch_sizes.append(len(batch))
-        return torch.stack([self.logits_for(s.pos, s.token) for s in batch])
+        tokens = [int(fed[-1 - s.token]) if s.token < 0 else s.token for s in batch]
+        return torch.stack([self.logits_for(s.pos, t) for s, t in zip(batch, tokens, strict=True)])
 
 
 class SlowEngine(FakeEngine):
@@ -59,9 +60,9 @@ class SlowEngine(FakeEngine):
         super().__init__()
         self.seconds = seconds
 
-    def decode_step(self, batch) -> torch.Tensor:
+    def decode_step(self, batch, copy=True, fed=None) -> torch.Tensor:
         time.sleep(self.seconds)
-        return super().decode_step(batch)
+        return super().decode_step(batch, copy, fed)
 
 
 class FakeTokenizer:
@@ -97,8 +98,19 @@ def joined(chunks: list[Chunk]) -> tuple[list[int], str]:
     return [t for c in chunks for t in c.token_ids], "".join(c.text for c in chunks)
 
 
+OVERLAP = False  # set by the `overlap` fixture: every test runs both ways
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["serial", "overlap"])
+def overlap(request, monkeypatch):
+    """Each test runs with steps one after the other, and with each step launched
+    before the one before it is handed off (the default on CUDA)."""
+    monkeypatch.setattr(f"{__name__}.OVERLAP", request.param)
+    return request.param
+
+
 async def with_batcher(engine, body):
-    batcher = Batcher(engine, FakeTokenizer.eos_token_ids, max_batch=16)
+    batcher = Batcher(engine, FakeTokenizer.eos_token_ids, max_batch=16, overlap=OVERLAP)
     async with anyio.create_task_group() as tg:
         tg.start_soon(batcher.run)
         try:
@@ -200,6 +212,45 @@ async def test_eos_and_stop_tokens_end_with_no_text_of_their_own():
     assert stop[2][-1].finish_reason == "stop" and stop[1].completion_tokens == 4
     assert joined(ignored[2])[0] == [10, 11, 12, 13, 14, EOS, 3, 4]
     assert ignored[2][-1].finish_reason == "length"
+
+
+async def test_a_sequence_that_ends_under_a_launched_step_is_released_after_it(overlap):
+    """With overlap, the step after a sequence's EOS is launched before the EOS reaches
+    the host: that step still writes the sequence's KV, so the sequence is released only
+    once the batch has handed that step off, and the token it sampled is dropped. Serial,
+    the sequence is released as its EOS is handed off."""
+    engine = FakeEngine(eos_at=9)  # the 5th decode step of a 5-token prompt samples EOS
+    seen: list[tuple[int, bool]] = []  # per launch: rows, whether `ended` is released
+    step = engine.decode_step
+
+    def recording(batch, copy=True, fed=None):
+        seen.append((len(batch), ended[0].released.is_set() if ended else False))
+        return step(batch, copy, fed)
+
+    engine.decode_step = recording
+    ended: list = []
+
+    async def body(batcher):
+        longer = batcher.admit(list(range(8)), 20, 10, SamplingParams(temperature=0,
+                                                                      max_tokens=12))
+        ended.append(batcher.admit(list(range(8, 16)), 5, 10,
+                                   SamplingParams(temperature=0, max_tokens=50)))
+        for seq in (ended[0], longer):
+            async with seq.receive:
+                items = [item async for item in seq.receive]
+            with anyio.fail_after(2):
+                await seq.released.wait()
+        return items
+
+    await with_batcher(engine, body)
+    two_rows = [released for rows, released in seen if rows == 2]
+    one_row = [released for rows, released in seen if rows == 1]
+    assert not any(two_rows)
+    # EOS came from the 5th step; with overlap a 6th was already launched with both rows
+    assert len(two_rows) == (6 if overlap else 5)
+    # the launch after that still holds the ended sequence's step: not yet released
+    assert one_row[0] is (not overlap)
+    assert all(one_row[1:]) and len(seen) == 11  # `longer`'s 11 decode tokens
 
 
 async def test_first_token_can_end_the_sequence_at_admission():
