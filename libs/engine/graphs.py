@@ -14,6 +14,8 @@ A step:
 2. writes its rows into the pinned host buffer, and zeroes the bucket's rows past the
    batch: a zero row is padding, whose length 0 writes no KV;
 3. copies the bucket's rows to the device: the step's one host-to-device copy;
+   tokens that stand for ids still on the device (the previous step's, sampled but not
+   yet read by the host: engine.feed_tokens) are substituted there, after the copy;
 4. replays the bucket's graph and returns the first B rows of its logits, on the device.
 
 Buckets are the powers of two below ``max_batch``, and ``max_batch``. A larger batch runs

@@ -12,18 +12,37 @@ more, so they may be freed.
 Before each step the batch grows its sequences' pages as they need them, preempting the
 newest when the pool runs dry (`services/decode/growth.py`).
 
+Overlapped steps (on CUDA by default, `--overlap-steps`). Serially, the device idles while
+the host hands a step's tokens to their streams, serves the streams and plans the next
+step. With overlap, step N+1 is launched before step N is handed off: its rows feed the
+tokens step N sampled straight from the device (a token -(j+1) names row j of step N's
+ids, `Engine.decode_step`), the compute thread then waits for step N's ids alone
+(`libs/engine/host_tokens.py`), and the event loop hands them off while the device runs
+step N+1. What that costs, and how it stays safe:
+
+- a sequence that samples EOS (or is cancelled) in step N is already in step N+1, which
+  writes its KV one position on: its stream ends at once, but it is `released` only when
+  step N+1 is handed off, and step N+1's token for it is dropped;
+- a sequence whose max_tokens is reached by the step in flight is left out of the next;
+- preemption frees pages at once, so it happens only with no step on the device: when
+  the pool is short with one in flight, that step is handed off first;
+- a step whose rows want logprobs reads them on the compute thread (a host sync), so it
+  does not overlap.
+
 Where a step's time goes is kept as running totals (`step_seconds`, exported as
 `pdmesh_decode_step_seconds_total{part}`), in the order a step spends it:
 
 - prepare: the event loop admits waiting sequences, grows pages, builds the batch;
 - dispatch: until the compute thread starts the step;
-- compute: the step on the compute thread (launches, the forward, sampling, the copy back);
+- compute: the step on the compute thread: launches, sampling, and the wait for the ids
+  handed off (serially this step's, with overlap the step before's);
 - resume: until the event loop runs the batch loop again (behind whatever else it had);
 - handoff: the event loop hands each token to its stream and retires finished sequences.
 
-On a GPU only compute is the device's: the rest is host time the device waits through.
+On a GPU only the device's share of compute is the device's: serially the rest is host
+time the device waits through; with overlap the device runs the next step meanwhile, so
+a step costs the longer of the two, not their sum.
 """
-
 from __future__ import annotations
 
 import logging
