@@ -52,7 +52,6 @@ from dataclasses import dataclass, field
 
 import anyio
 import torch
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from libs.engine.engine import DecodeSeq, Engine
 from libs.engine.host_tokens import HostTokens, Pending
@@ -61,6 +60,7 @@ from libs.engine.sampling import BatchSampling, SamplingParams, request_seed, sa
 from libs.member.loop import ComputeLoop
 from libs.member.timeouts import TIMEOUTS
 from services.decode.growth import grow, pages_short
+from services.decode.token_queue import TokenQueue
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,7 @@ class Sequence:
     params: SamplingParams
     seed: int
     end_ids: frozenset[int]  # EOS (unless ignore_eos) and the request's stop tokens
-    send: MemoryObjectSendStream[Sampled]
-    receive: MemoryObjectReceiveStream[Sampled]
+    tokens: TokenQueue[Sampled]  # to the sequence's stream reader
     generated: int = 0
     last_token: int = 0
     history: list[int] = field(default_factory=list)  # every accepted token, in order
@@ -159,8 +158,6 @@ class Batcher(ComputeLoop):
         self._host_tokens = HostTokens()
 
     def admit(self, pages, prompt_len: int, first_token: int, params: SamplingParams) -> Sequence:
-        # every token of a sequence (and the error) fits: send_nowait never blocks the step
-        send, receive = anyio.create_memory_object_stream[Sampled](params.max_tokens + 2)
         end_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else self.eos_ids)
         seq = Sequence(
             pages=pages,
@@ -168,13 +165,12 @@ class Batcher(ComputeLoop):
             params=params,
             seed=request_seed(params),
             end_ids=frozenset(end_ids),
-            send=send,
-            receive=receive,
+            tokens=TokenQueue(),
             order=self._admitted,
         )
         self._admitted += 1
         sampled = seq.accept(first_token)  # sampled by the prefill
-        send.send_nowait(sampled)
+        seq.tokens.put(sampled)
         if sampled.finish_reason is not None:
             self._finish(seq)
         else:
@@ -245,7 +241,7 @@ class Batcher(ComputeLoop):
         for seq in grow(self.engine.pool, self.running, self.waiting):
             (self.running if seq in self.running else self.waiting).remove(seq)
             self.preemptions += 1
-            seq.send.send_nowait(Sampled(-1, "preempted"))
+            seq.tokens.put(Sampled(-1, "preempted"))
             self._finish(seq)
 
     async def _step(self, batch: list[Sequence], ahead: Launch | None,
@@ -342,7 +338,7 @@ class Batcher(ComputeLoop):
                 self._finish(seq)
                 continue
             sampled = seq.accept(token, done.logprobs.get(row))
-            seq.send.send_nowait(sampled)
+            seq.tokens.put(sampled)
             if sampled.finish_reason is not None:
                 self.running.remove(seq)
                 self._finish(seq)
@@ -353,7 +349,7 @@ class Batcher(ComputeLoop):
         for seq in {*batch, *(ahead.seqs if ahead is not None else ()), *self.running}:
             seq.ahead = 0
             if not seq.finished:
-                seq.send.send_nowait(Sampled(-1, "error"))
+                seq.tokens.put(Sampled(-1, "error"))
                 self._finish(seq)
             seq.released.set()
         self.running.clear()
@@ -361,6 +357,6 @@ class Batcher(ComputeLoop):
     def _finish(self, seq: Sequence) -> None:
         """End the sequence's stream; release it unless a step on the device holds it."""
         seq.finished = True
-        seq.send.close()
+        seq.tokens.close()
         if not seq.ahead:
             seq.released.set()

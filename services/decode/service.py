@@ -284,7 +284,7 @@ class DecodeService(MemberService, dgrpc.DecodeServicer):
         tokens = TokenStream(seq, self.member.loaded.tokenizer, self.batcher.cancel,
                              self._pace)
         last = None
-        async with seq.receive:
+        with seq.tokens.reading():
             while True:
                 try:
                     chunk = await tokens.next()

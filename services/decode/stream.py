@@ -64,16 +64,14 @@ class TokenStream:
 
         Raises anyio.EndOfStream when the sequence was cancelled before it finished.
         """
-        items = [await self.seq.receive.receive()]
+        queue = self.seq.tokens
+        await queue.wait()
+        if queue.ended:
+            raise anyio.EndOfStream
         if (wait := self._next_at - time.monotonic()) > 0:
             await anyio.sleep(wait)  # the tokens sampled meanwhile go in this message
-        while True:
-            try:
-                items.append(self.seq.receive.receive_nowait())
-            except (anyio.WouldBlock, anyio.EndOfStream):
-                break
         self._next_at = time.monotonic() + self.pace()
-        return self._chunk(items)
+        return self._chunk(queue.take())
 
     def _chunk(self, items: list[Sampled]) -> Chunk:
         ids: list[int] = []

@@ -149,8 +149,8 @@ async def test_the_batch_preempts_the_newest_and_its_continuation_samples_the_sa
             pages, first = prefilled(engine, prompt, SEEDED, 1)
             seqs.append(batcher.admit(pages, len(prompt), first, SEEDED))
         for seq in seqs:
-            async with seq.receive:
-                items = [item async for item in seq.receive]
+            with seq.tokens.reading():
+                items = [item async for item in seq.tokens]
             await seq.released.wait()
             engine.pool.free(seq.pages)  # what the owner's release frees
             out.append(([i.token for i in items if i.token >= 0], items[-1].finish_reason))
@@ -181,8 +181,8 @@ async def test_the_batch_preempts_the_newest_and_its_continuation_samples_the_sa
         pages, first = prefilled(fresh, rest_prompt, params, params.max_tokens)
         seq = batcher.admit(pages, len(rest_prompt), first, params)
         with anyio.fail_after(30):
-            async with seq.receive:
-                tail = [item.token async for item in seq.receive]
+            with seq.tokens.reading():
+                tail = [item.token async for item in seq.tokens]
         tg.cancel_scope.cancel()
     assert streamed + tail == alone[2]
 

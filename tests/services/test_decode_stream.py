@@ -80,7 +80,7 @@ async def run_sequence(batcher: Batcher, params: SamplingParams, pause: float = 
     seq = batcher.admit(list(range(8)), prompt_len, first_token, params)
     stream = TokenStream(seq, FakeTokenizer(), stop_sequence or batcher.cancel, lambda: pace)
     chunks: list[Chunk] = []
-    async with seq.receive:
+    with seq.tokens.reading():
         while True:
             chunk = await stream.next()
             chunks.append(chunk)
@@ -236,8 +236,8 @@ async def test_a_sequence_that_ends_under_a_launched_step_is_released_after_it(o
         ended.append(batcher.admit(list(range(8, 16)), 5, 10,
                                    SamplingParams(temperature=0, max_tokens=50)))
         for seq in (ended[0], longer):
-            async with seq.receive:
-                items = [item async for item in seq.receive]
+            with seq.tokens.reading():
+                items = [item async for item in seq.tokens]
             with anyio.fail_after(2):
                 await seq.released.wait()
         return items
@@ -354,8 +354,8 @@ async def test_the_batch_samples_what_a_colocated_run_samples(device):
             seqs.append(batcher.admit(pages, len(prompt), first, p))
         out = []
         for seq in seqs:
-            async with seq.receive:
-                out.append([item.token async for item in seq.receive])
+            with seq.tokens.reading():
+                out.append([item.token async for item in seq.tokens])
             await seq.released.wait()
             engine.pool.free(seq.pages)
         return out
