@@ -6,7 +6,11 @@ that leaves while its request is preempted leaves nothing behind.
 The tiny model repeats a token for most prompts, so token equality here checks the
 plumbing (every token arrives once, in order, counted); that a continuation samples the
 very tokens of an unpreempted run is checked on a context-sensitive model in
-tests/services/test_decode_growth.py and on SmolLM2 by `python -m bench.preemption`."""
+tests/services/test_decode_growth.py and on SmolLM2 by `python -m bench.preemption`.
+
+The decode here overlaps its steps (`--overlap-steps on`, the CUDA default; the CPU's
+is serial, which the other mesh tests run): preemption then has to wait until no step
+is on the device, and a sequence that ends under a launched step is released after it."""
 
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ def words(n: int, shift: int) -> str:
 @pytest.fixture(scope="module")
 def small_decode(tmp_path_factory):
     mesh = start_mesh(tmp_path_factory.mktemp("preempt"), model="tiny",
-                      up_args=["--decode-kv-pages", str(POOL)])
+                      up_args=["--decode-kv-pages", str(POOL),
+                               "--decode-args", "--overlap-steps on"])
     yield mesh
     mesh.stop()
 
