@@ -45,6 +45,7 @@ a step costs the longer of the two, not their sum.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -208,6 +209,7 @@ class Batcher(ComputeLoop):
                 ahead = await self._step(batch, ahead, started)
             except Exception:  # contained: the batch fails, the loop lives on
                 log.exception("decode step failed; failing %d sequences", len(self.running))
+                await self._settle()
                 self._fail(batch, ahead)
                 ahead = None
 
@@ -343,9 +345,16 @@ class Batcher(ComputeLoop):
                 self.running.remove(seq)
                 self._finish(seq)
 
+    async def _settle(self) -> None:
+        """After a failed step: wait until the device has run whatever was queued (the
+        step before it may still be writing KV into pages about to be freed). A device
+        that failed raises here at once: nothing more runs on it."""
+        if torch.device(self.engine.device).type == "cuda":
+            with contextlib.suppress(Exception):
+                await anyio.to_thread.run_sync(torch.cuda.synchronize, self.engine.device)
+
     def _fail(self, batch: list[Sequence], ahead: Launch | None) -> None:
-        """A step failed: every sequence of the batch ends with an error and is released
-        (the failed step is not waited for)."""
+        """A step failed: every sequence of the batch ends with an error and is released."""
         for seq in {*batch, *(ahead.seqs if ahead is not None else ()), *self.running}:
             seq.ahead = 0
             if not seq.finished:

@@ -253,6 +253,37 @@ async def test_a_sequence_that_ends_under_a_launched_step_is_released_after_it(o
     assert all(one_row[1:]) and len(seen) == 11  # `longer`'s 11 decode tokens
 
 
+async def test_a_failed_step_ends_its_sequences_with_an_error_and_the_loop_lives_on():
+    """The 4th step raises: both sequences in the batch (one of them in the step before,
+    with overlap) end "error" and are released; a sequence admitted afterwards runs."""
+    engine = FakeEngine()
+    step = engine.decode_step
+
+    def failing(batch, copy=True, fed=None):
+        if len(engine.batch_sizes) == 3:
+            engine.batch_sizes.append(0)
+            raise RuntimeError("injected")
+        return step(batch, copy, fed)
+
+    engine.decode_step = failing
+
+    async def body(batcher):
+        params = SamplingParams(temperature=0, max_tokens=50)
+        seqs = [batcher.admit(list(range(8 * i, 8 * i + 8)), 5, 10, params) for i in (0, 1)]
+        ends = []
+        for seq in seqs:
+            with seq.tokens.reading():
+                ends.append([item async for item in seq.tokens][-1].finish_reason)
+            with anyio.fail_after(2):
+                await seq.released.wait()
+        assert not batcher.running
+        return ends, await run_sequence(batcher, SamplingParams(temperature=0, max_tokens=4))
+
+    ends, (_, _, chunks) = await with_batcher(engine, body)
+    assert ends == ["error", "error"]
+    assert joined(chunks)[0] == [10, 11, 12, 13] and chunks[-1].finish_reason == "length"
+
+
 async def test_first_token_can_end_the_sequence_at_admission():
     engine = FakeEngine()
 
