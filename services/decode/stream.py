@@ -65,11 +65,14 @@ class TokenStream:
         Raises anyio.EndOfStream when the sequence was cancelled before it finished.
         """
         queue = self.seq.tokens
+        # The pace first: the tokens sampled meanwhile go in this message, and a reader
+        # paced over several steps wakes once a message, not once for its first token
+        # and again for the rest.
+        if (wait := self._next_at - time.monotonic()) > 0:
+            await anyio.sleep(wait)
         await queue.wait()
         if queue.ended:
             raise anyio.EndOfStream
-        if (wait := self._next_at - time.monotonic()) > 0:
-            await anyio.sleep(wait)  # the tokens sampled meanwhile go in this message
         self._next_at = time.monotonic() + self.pace()
         return self._chunk(queue.take())
 
