@@ -175,9 +175,15 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         """Add one token; return the new text that is safe to emit (may be "")."""
+        return self.push_many((token_id,))
+
+    def push_many(self, token_ids: Sequence[int]) -> str:
+        """Add several tokens with two decodes in all, not two each; the text is the
+        same as pushing them one by one, but a stop string is found only after the
+        last of them (push one by one to learn which token completed it)."""
         if self.stopped:
             return ""
-        self.ids.append(token_id)
+        self.ids.extend(token_ids)
         prefix_text = self._decode(self.ids[self._prefix : self._read])
         new_text = self._decode(self.ids[self._prefix :])
         if new_text.endswith("\ufffd") or len(new_text) <= len(prefix_text):

@@ -80,28 +80,35 @@ class TokenStream:
         ids: list[int] = []
         text: list[str] = []
         logprobs: list[TokenLogprob] = []
+        # Without stop strings the chunk's tokens are detokenized together (two decodes,
+        # not two a token); with them, one by one, to stop at the token that completes one.
+        pending: list[int] = []
 
-        def chunk(finish_reason: str | None = None) -> Chunk:
+        def chunk(finish_reason: str | None = None, last: bool = False) -> Chunk:
+            if pending:
+                text.append(self.detok.push_many(pending))
+            if last:  # the text held back (a partial character, a stop-string prefix)
+                text.append(self.detok.finish())
             return Chunk(ids, "".join(text), finish_reason, logprobs)
 
         for item in items:
             if item.finish_reason == "error":
                 return chunk("error")
             if item.finish_reason == "preempted":  # every token so far goes out with it
-                text.append(self.detok.finish())
-                return chunk("preempted")
+                return chunk("preempted", last=True)
             ids.append(item.token)
             if item.logprob is not None:
                 logprobs.append(item.logprob)
             self.completion_tokens += 1
             if item.finish_reason == "stop":  # EOS or a stop token: no text of its own
-                text.append(self.detok.finish())
-                return chunk("stop")
-            text.append(self.detok.push(item.token))
-            if self.detok.stopped:
-                self.stop_sequence(self.seq)
-                return chunk("stop")
+                return chunk("stop", last=True)
+            if self.detok.stop:
+                text.append(self.detok.push(item.token))
+                if self.detok.stopped:
+                    self.stop_sequence(self.seq)
+                    return chunk("stop")
+            else:
+                pending.append(item.token)
             if item.finish_reason == "length":
-                text.append(self.detok.finish())
-                return chunk("length")
+                return chunk("length", last=True)
         return chunk()

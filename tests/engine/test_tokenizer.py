@@ -37,6 +37,19 @@ def test_incremental_matches_full_decode(tokenizer, text):
     assert all("\ufffd" not in d for d in deltas)
 
 
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("size", [2, 3, 7])
+def test_tokens_pushed_in_groups_give_the_same_text(tokenizer, text, size):
+    """push_many (a stream's chunk of tokens at once) yields the one-by-one text, with
+    groups that end inside a multi-byte character held back until it completes."""
+    ids = tokenizer.encode(text)
+    det = IncrementalDetokenizer(tokenizer)
+    deltas = [det.push_many(ids[i : i + size]) for i in range(0, len(ids), size)]
+    deltas.append(det.finish())
+    assert "".join(deltas) == tokenizer.decode(ids)
+    assert all("\ufffd" not in d for d in deltas)
+
+
 def test_byte_fallback_pieces_are_held_back(tokenizer):
     ids = tokenizer.encode("🎉")
     assert len(ids) > 1  # split over byte tokens
