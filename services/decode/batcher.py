@@ -230,10 +230,13 @@ class Batcher(ComputeLoop):
         if can_preempt:
             self._grow()
             return list(self.running)
+        pool = self.engine.pool
         batch = [s for s in self.running if s.generated + s.ahead < s.params.max_tokens]
-        if sum(pages_short(self.engine.pool, s) for s in batch) > self.engine.pool.free_count:
+        short = [(s, n) for s in batch if (n := pages_short(pool, s))]
+        if sum(n for _, n in short) > pool.free_count:
             return []
-        grow(self.engine.pool, batch)  # every shortfall fits: nothing is preempted
+        for seq, n in short:  # every shortfall fits: nothing is preempted
+            seq.pages.extend(pool.alloc(n))
         return batch
 
     def _grow(self) -> None:
