@@ -44,11 +44,13 @@ class HostTokens:
 
     def __init__(self) -> None:
         self._buffers: list[torch.Tensor | None] = [None, None]
+        self._events: list[torch.cuda.Event | None] = [None, None]
         self._pending: list[Pending | None] = [None, None]
         self._turn = 0
 
     def start(self, tokens: torch.Tensor) -> Pending:
-        """Queue the copy of ``tokens`` [B] (int64) to the host on the current stream."""
+        """Queue the copy of ``tokens`` [B] (int64) to the host on the current stream of
+        their device (which need not be the thread's current device)."""
         if tokens.device.type != "cuda":
             return Pending(ids=tokens.tolist())
         turn, n = self._turn, tokens.numel()
@@ -61,8 +63,10 @@ class HostTokens:
                                                        pin_memory=True)
         host = buffer[:n]
         host.copy_(tokens, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
+        event = self._events[turn]
+        if event is None:
+            event = self._events[turn] = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(tokens.device))
         pending = self._pending[turn] = Pending(host=host, event=event)
         self._turn = 1 - turn
         return pending
