@@ -24,8 +24,8 @@ import torch
 
 from libs.engine.config import ModelConfig
 from libs.engine.kvpool import KvPool
-from libs.engine.loader import smollm2_gguf_path
 from libs.engine.sampling import SamplingParams
+from libs.engine.specs import random_tokenizer_source
 from libs.engine.tokenizer import Tokenizer
 from services.decode.batcher import STEP_PARTS, Batcher
 from services.decode.stream import TokenStream
@@ -95,7 +95,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs of each, alternating")
     parser.add_argument("--out", help="write the runs as JSON here")
     args = parser.parse_args()
-    tokenizer = Tokenizer.load(smollm2_gguf_path(), (2,))
+    tokenizer = Tokenizer.load(random_tokenizer_source(), (2,))  # or PDMESH_TOKENIZER
     modes = {"both": [False, True], "on": [True], "off": [False]}[args.overlap]
     runs = []
     for _ in range(args.repeats):
