@@ -12,7 +12,7 @@ more, so they may be freed.
 Before each step the batch grows its sequences' pages as they need them, preempting the
 newest when the pool runs dry (`services/decode/growth.py`).
 
-Overlapped steps (on CUDA by default, `--overlap-steps`). Serially, the device idles while
+Overlapped steps (`--overlap-steps on`, for CUDA). Serially, the device idles while
 the host hands a step's tokens to their streams, serves the streams and plans the next
 step. With overlap, step N+1 is launched before step N is handed off: its rows feed the
 tokens step N sampled straight from the device (a token -(j+1) names row j of step N's
@@ -140,16 +140,15 @@ class Launch:
 class Batcher(ComputeLoop):
     def __init__(self, engine: Engine, eos_token_ids: Iterable[int], max_batch: int = 64,
                  stall_after: float = TIMEOUTS.decode_stall_seconds, stall_step: float = 0.0,
-                 overlap: bool | None = None):
-        """overlap: launch each step before handing off the one before (default: on
-        CUDA, where a launch does not wait for the device)."""
+                 overlap: bool = False):
+        """overlap: launch each step before handing off the one before (for CUDA, where
+        a launch does not wait for the device)."""
         super().__init__(stall_after)
         self.engine = engine
         self.stall_step = stall_step  # fault injection: a step slower than a release's bound
         self.eos_ids = frozenset(eos_token_ids)
         self.max_batch = max_batch
-        on_cuda = torch.device(engine.device).type == "cuda"
-        self.overlap = on_cuda if overlap is None else overlap
+        self.overlap = overlap
         self.running: list[Sequence] = []
         self.waiting: list[Sequence] = []
         self.steps = 0

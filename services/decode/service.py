@@ -93,7 +93,7 @@ class DecodeConfig(MemberConfig):
     # Token messages a second over all streams, 0 for no pace (`pdmesh decode` sets
     # --message-rate, default services.decode.main.DEFAULT_MESSAGE_RATE).
     message_rate: float = 0.0
-    overlap_steps: bool | None = None  # None: on CUDA (--overlap-steps auto)
+    overlap_steps: bool = False  # --overlap-steps
     notif_poll_min: float = 0.0005
     notif_poll_max: float = 0.008
 

@@ -104,7 +104,7 @@ OVERLAP = False  # set by the `overlap` fixture: every test runs both ways
 @pytest.fixture(autouse=True, params=[False, True], ids=["serial", "overlap"])
 def overlap(request, monkeypatch):
     """Each test runs with steps one after the other, and with each step launched
-    before the one before it is handed off (the default on CUDA)."""
+    before the one before it is handed off (`--overlap-steps on`)."""
     monkeypatch.setattr(f"{__name__}.OVERLAP", request.param)
     return request.param
 
