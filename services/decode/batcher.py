@@ -60,7 +60,7 @@ from libs.engine.logprobs import TokenLogprob, token_logprobs
 from libs.engine.sampling import BatchSampling, SamplingParams, request_seed, sample_batch
 from libs.member.loop import ComputeLoop
 from libs.member.timeouts import TIMEOUTS
-from services.decode.growth import grow, pages_short
+from services.decode.growth import grow, grow_if_it_fits
 from services.decode.token_queue import TokenQueue
 
 log = logging.getLogger(__name__)
@@ -229,14 +229,8 @@ class Batcher(ComputeLoop):
         if can_preempt:
             self._grow()
             return list(self.running)
-        pool = self.engine.pool
         batch = [s for s in self.running if s.generated + s.ahead < s.params.max_tokens]
-        short = [(s, n) for s in batch if (n := pages_short(pool, s))]
-        if sum(n for _, n in short) > pool.free_count:
-            return []
-        for seq, n in short:  # every shortfall fits: nothing is preempted
-            seq.pages.extend(pool.alloc(n))
-        return batch
+        return batch if grow_if_it_fits(self.engine.pool, batch) else []
 
     def _grow(self) -> None:
         """With no step on the device: pages for every running sequence's next token,

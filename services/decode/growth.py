@@ -68,6 +68,17 @@ def pages_short(pool: KvPool, seq: Growing) -> int:
     return max(0, pool.pages_for(seq.prompt_len + seq.generated + seq.ahead) - len(seq.pages))
 
 
+def grow_if_it_fits(pool: KvPool, seqs: Iterable[Growing]) -> bool:
+    """Give every sequence the pages its next step writes if the pool holds them all;
+    False, with nothing allocated, if it does not."""
+    short = [(seq, n) for seq in seqs if (n := pages_short(pool, seq))]
+    if sum(n for _, n in short) > pool.free_count:
+        return False
+    for seq, n in short:
+        seq.pages.extend(pool.alloc(n))
+    return True
+
+
 def grow(pool: KvPool, running: Sequence[Growing], others: Iterable[Growing] = ()
          ) -> list[Growing]:
     """Give every running sequence, oldest first, the pages its next step writes.
@@ -78,6 +89,8 @@ def grow(pool: KvPool, running: Sequence[Growing], others: Iterable[Growing] = (
     the order they were preempted (newest first); the caller takes them out of the batch
     and ends their streams.
     """
+    if grow_if_it_fits(pool, running):  # the common case, and no sorting
+        return []
     candidates = sorted([*running, *others], key=lambda s: s.order)  # oldest first
     preempted: list[Growing] = []
     for seq in sorted(running, key=lambda s: s.order):
