@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from libs.engine.engine import PAGES, DecodeSeq, Engine, PrefillSeq
+from libs.engine.engine import PAGES, DecodeSeq, Engine, PrefillSeq, feed_tokens
 from libs.engine.graphs import DecodeGraphs, GraphOutOfMemory, _out_of_memory, buckets_for
 from libs.engine.kvpool import KvPool
 from libs.engine.model import random_weights
@@ -32,12 +32,41 @@ def _static(eng: Engine, max_batch: int) -> DecodeGraphs:
     """What the engine's CUDA graphs replay, run uncaptured on CPU."""
     width = PAGES + eng.pool.pages_for(eng.max_context)
     return DecodeGraphs(lambda rows: eng.decode_forward(rows, eng.max_context), "cpu", width,
-                        max_batch)
+                        max_batch, feed=feed_tokens)
 
 
 def _advance(seqs: list[DecodeSeq], logits: torch.Tensor) -> None:
     for s, row in zip(seqs, logits, strict=True):
         s.pos, s.token = s.pos + 1, int(row.argmax())
+
+
+@pytest.mark.parametrize("path", ["eager", "static"])
+def test_a_step_fed_from_the_device_equals_one_fed_from_the_host(path):
+    """Tokens named by their row in the previous step's sampled ids (-(j + 1)), as an
+    overlapped decode launches them, give the logits of the same tokens given as ids,
+    and ids outside the fed rows are refused."""
+    lengths = [3, 9, 17]
+    by_id, by_row = make_engine(page_size=8), make_engine(page_size=8)
+    seqs_i, seqs_r = _prefilled(by_id, lengths), _prefilled(by_row, lengths)
+
+    def step(eng, seqs, fed=None):
+        if path == "eager":
+            return eng.decode_step(seqs, fed=fed)
+        graphs = static[eng]
+        return graphs.run(eng._pack_decode(seqs, 0 if fed is None else fed.numel()), fed)
+
+    static = {eng: _static(eng, 4) for eng in (by_id, by_row)}
+    fed = None
+    for _ in range(4):
+        li, lr = step(by_id, seqs_i), step(by_row, seqs_r, fed)
+        torch.testing.assert_close(lr, li, rtol=0, atol=0)
+        _advance(seqs_i, li)
+        fed = lr.argmax(-1)[[2, 0, 1]]  # rows in another order than the sequences
+        for s, row in zip(seqs_r, (1, 2, 0), strict=True):
+            s.pos, s.token = s.pos + 1, -(row + 1)
+    seqs_r[0].token = -4  # a fourth row of three fed
+    with pytest.raises(ValueError, match="vocabulary"):
+        by_row.decode_step(seqs_r, fed=fed)
 
 
 @pytest.mark.parametrize("max_batch", [8, 2])  # one padded bucket; several replays a step

@@ -11,6 +11,7 @@ import torch
 from libs.engine.config import ModelConfig
 from libs.engine.engine import DecodeSeq, Engine, PrefillSeq
 from libs.engine.graphs import DecodeGraphs, GraphOutOfMemory
+from libs.engine.host_tokens import HostTokens
 from libs.engine.kvpool import KvPool
 from libs.engine.model import random_weights
 from libs.engine.nvfp4 import quantize_layer_linears
@@ -128,6 +129,49 @@ def test_one_host_to_device_copy_a_step_and_no_sync():
              if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize")
              and window.start <= e.time_range.start <= window.end]
     assert syncs == []
+
+
+def test_overlapped_steps_feed_from_the_device_and_never_wait_for_it():
+    """As an overlapped decode runs them: each step's tokens are the previous step's
+    sampled ids on the device (rows named -(j + 1)), its ids go to the host through
+    HostTokens, and the host takes step N's ids only after launching step N+1. The
+    tokens equal a serial greedy run's, and no launch synchronizes the stream or the
+    device (a launch waits on one event, the previous rows' copy, long past by then)."""
+    config = ModelConfig.tiny()
+    eager, graphed = _pair(config, torch.bfloat16)
+    prompts = _prompts(config, [7, 12, 30])
+    steps = 6
+    want = _greedy(eager, prompts, steps)[0]
+    seqs = []
+    for p in prompts:
+        pages = graphed.pool.alloc(graphed.pool.pages_for(len(p) + steps))
+        seqs.append(DecodeSeq(pages, len(p), int(graphed.prefill(p, pages).argmax())))
+    got = [[s.token] for s in seqs]
+    host = HostTokens()
+    graphed.decode_step(seqs)  # captures the bucket before the profile
+    torch.cuda.synchronize()
+    fed, pending = None, None
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            with torch.profiler.record_function("launch"):
+                logits = graphed.decode_step(seqs, copy=False, fed=fed)
+                fed = logits.argmax(-1)
+                launched = host.start(fed)
+            if pending is not None:
+                for out, token in zip(got, pending.wait(), strict=True):
+                    out.append(token)
+            pending = launched
+            for row, s in enumerate(seqs):
+                s.pos, s.token = s.pos + 1, -(row + 1)
+        for out, token in zip(got, pending.wait(), strict=True):
+            out.append(token)
+    assert got == want
+    launches = [e.time_range for e in prof.events() if e.name == "launch"]
+    syncs = [e.name for e in prof.events()
+             if e.name in ("cudaStreamSynchronize", "cudaDeviceSynchronize")
+             and any(w.start <= e.time_range.start <= w.end for w in launches)]
+    assert len(launches) == steps and syncs == []
 
 
 def test_decode_from_a_worker_thread():
