@@ -59,7 +59,7 @@ class ForwardCancelled(Exception):
     """A forward pass stopped early because its caller no longer wants it."""
 
 
-@dataclass
+@dataclass(slots=True)  # one a sequence a step: slots make it cheap to build
 class DecodeSeq:
     pages: list[int]  # cover positions 0..pos inclusive
     pos: int  # position of `token` = number of tokens already in the cache
