@@ -9,7 +9,7 @@ token), so each step's time is host time only: a floor under the mesh's decode s
 any device, and the figure the host-side work is tuned against. No gRPC: the streams'
 messages are built but not sent.
 
-    python -m bench.decode_host_bench [--streams 128] [--tokens 512] [--rate 4000]
+    python -m bench.decode_host_bench [--streams 128] [--tokens 512] [--rate 1500]
                                       [--overlap both|on|off] [--repeats 3]
 """
 
@@ -28,6 +28,7 @@ from libs.engine.sampling import SamplingParams
 from libs.engine.specs import random_tokenizer_source
 from libs.engine.tokenizer import Tokenizer
 from services.decode.batcher import STEP_PARTS, Batcher
+from services.decode.main import DEFAULT_MESSAGE_RATE
 from services.decode.stream import TokenStream
 
 WORDS = "the old man said that he would go there and we will all see it".split()
@@ -89,8 +90,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=512, help="tokens a stream (default 512)")
-    parser.add_argument("--rate", type=float, default=4000.0,
-                        help="--message-rate of the decode (default 4000; 0: no pace)")
+    parser.add_argument("--rate", type=float, default=DEFAULT_MESSAGE_RATE,
+                        help="--message-rate of the decode (default the decode's, "
+                        f"{DEFAULT_MESSAGE_RATE:g}; 0: no pace)")
     parser.add_argument("--overlap", choices=("both", "on", "off"), default="both")
     parser.add_argument("--repeats", type=int, default=3, help="runs of each, alternating")
     parser.add_argument("--out", help="write the runs as JSON here")

@@ -15,8 +15,10 @@ log = logging.getLogger(__name__)
 # Token messages a second across all of a decode's streams. A message costs tens of
 # microseconds of Python here and again in the router's relay: at this rate each process
 # spends a fraction of a core on them, and past a few sequences a message carries several
-# tokens (services/decode/stream.py).
-DEFAULT_MESSAGE_RATE = 4000.0
+# tokens (services/decode/stream.py). At one stream the pace (0.7 ms) is below a step, so
+# every token still goes out alone; at 128 a stream sends every 85 ms. On one H100 at 128
+# streams, 1,500 gave 1.12x the aggregate tokens/s of 4,000 (docs/performance.md).
+DEFAULT_MESSAGE_RATE = 1500.0
 
 
 def message_rate(text: str) -> float:
