@@ -56,10 +56,6 @@ def prefill_buckets(max_tokens: int, max_keys: int) -> list[Bucket]:
     return out
 
 
-def _size(bucket: Bucket) -> int:
-    return packed_size(*bucket)
-
-
 class PrefillGraphs:
     """``run(packed)`` replays the graph of ``packed``'s bucket: logits [R_b, V], a view
     of the graph's output buffer, valid until the next run. forward maps (int32 data on
@@ -72,7 +68,7 @@ class PrefillGraphs:
         if self.device.type != "cuda":
             raise ValueError("prefill graphs need a CUDA device")
         self.buckets = prefill_buckets(max_tokens, max_keys)
-        size = max(_size(b) for b in self.buckets)
+        size = max(packed_size(*b) for b in self.buckets)
         self.host = torch.zeros(size, dtype=torch.int32, pin_memory=True)
         self.static = self.host.to(self.device)
         self.graphs: dict[Bucket, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -99,7 +95,7 @@ class PrefillGraphs:
 
     def capture_all(self) -> list[Bucket]:
         """Capture every bucket, largest first; returns them, smallest first."""
-        for b in sorted(self.buckets, key=_size, reverse=True):
+        for b in sorted(self.buckets, key=lambda b: packed_size(*b), reverse=True):
             if b not in self.graphs:
                 self.capture(b)
         return list(self.buckets)
@@ -111,7 +107,7 @@ class PrefillGraphs:
         t, k, r = bucket
         try:
             with _on(self.device):
-                data = self.static[: _size(bucket)]
+                data = self.static[: packed_size(*bucket)]
                 data.zero_()
                 stream = self._stream
                 stream.wait_stream(torch.cuda.current_stream())

@@ -184,12 +184,11 @@ class Batcher(ComputeLoop):
         if seq in self.waiting:
             self.waiting.remove(seq)
             self._finish(seq)
-        # a sequence in a step leaves when that step is handed off (or now if it is in none)
-        elif seq in self.running and not self._stepping and not seq.ahead:
+        # a sequence in a step leaves when that step is handed off (or now if it is in
+        # none: `ahead` counts the steps launched with it and not handed off yet)
+        elif seq in self.running and not seq.ahead:
             self.running.remove(seq)
             self._finish(seq)
-
-    _stepping = False
 
     def busy(self) -> bool:
         return bool(self.running or self.waiting)
@@ -250,13 +249,9 @@ class Batcher(ComputeLoop):
         for row, seq in enumerate(batch):
             seq.ahead += 1
             seq.row = row
-        self._stepping = True
         dispatched = time.perf_counter()
-        try:
-            (launched, done, tokens), entered, left = await anyio.to_thread.run_sync(
-                self._timed_advance, plan, ahead)
-        finally:
-            self._stepping = False
+        (launched, done, tokens), entered, left = await anyio.to_thread.run_sync(
+            self._timed_advance, plan, ahead)
         resumed = time.perf_counter()
         if launched is not None:
             self.steps += 1

@@ -12,8 +12,9 @@ a pair with room.
 
 Giving a preempted sequence's pages back at once follows the abort rule of
 docs/design.md: a page is reused only after a fence. A sequence reaches the batch only
-after its room's KvReady (every write landed, the fence), and `grow` runs between steps,
-so neither a write nor a step can still touch its pages.
+after its room's KvReady (every write landed, the fence), and `grow` runs only with no
+step on the device (an overlapping batch hands its step off first), so neither a write
+nor a step can still touch its pages.
 """
 
 from __future__ import annotations
