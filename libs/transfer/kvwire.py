@@ -27,9 +27,11 @@ Positions past the prompt in its last page hold stale KV of an earlier request; 
 zeroed before quantizing so they cannot move s2 (and what travels depends on this request
 only).
 
-The kernels' public functions take one scalar s2; a batch of pages needs one per
-(page, layer, K|V), which the torch reference broadcasts as is, so this module calls the
-reference directly. A CUDA path needs the same broadcast (a seam, not done yet).
+Two implementations give the same bytes: the torch reference (any device; the
+definition, and the CPU's path), and on a GPU the Triton kernels of
+libs/kernels/nvfp4/kv_pages.py, which read and write the pool by page id, one launch a
+batch of pages, with no host sync (:meth:`Nvfp4PageFormat.pack_pages` and
+:meth:`Nvfp4PageFormat.unpack_pages` choose).
 """
 
 from __future__ import annotations
@@ -38,10 +40,11 @@ from dataclasses import dataclass
 
 import torch
 
-from libs.kernels.nvfp4 import reference
+from libs.kernels.nvfp4 import reference, triton_available
 from libs.kernels.nvfp4.format import BLOCK
 
 SLOT_ALIGN = 16
+NON_FINITE = "KV contains NaN or Inf; NVFP4 cannot encode them"
 
 
 class UnsupportedKvShape(ValueError):
@@ -102,14 +105,11 @@ class Nvfp4PageFormat:
         rest of that page is zeroed first (see the module docstring). None: every page full.
         """
         self._check_pages(pages)
-        if last_page_tokens is not None:
-            if not 1 <= last_page_tokens <= self.page_size:
-                raise ValueError(f"last_page_tokens must be in 1..{self.page_size}")
-            if last_page_tokens < self.page_size:
-                pages = pages.clone()
-                pages[-1, :, :, :, last_page_tokens:] = 0
+        if self._check_last(last_page_tokens) < self.page_size:
+            pages = pages.clone()
+            pages[-1, :, :, :, last_page_tokens:] = 0
         if not torch.isfinite(pages).all():
-            raise ValueError("KV contains NaN or Inf; NVFP4 cannot encode them")
+            raise ValueError(NON_FINITE)
         n = pages.shape[0]
         s2 = reference.global_scale_from_amax(pages.abs().amax(dim=(3, 4, 5)).float())  # [n, L, 2]
         packed, scales = reference.quantize(pages, s2[..., None, None, None])
@@ -137,9 +137,57 @@ class Nvfp4PageFormat:
         packed = slots[:, b:c].reshape(n, *self.page_shape[:-1], self.head_dim // 2)
         return reference.dequantize(packed, scales, s2[..., None, None, None], dtype)
 
+    def pack_pages(self, pool: torch.Tensor, index: torch.Tensor, slots: torch.Tensor,
+                   last_page_tokens: int | None = None) -> None:
+        """Encode pool pages ``index`` into the slots of the same ids (a staging region
+        ``uint8 [num_pages, slot_bytes]``), returning once the device has written them.
+
+        On a GPU with triton, one kernel launch reads the pages where they are; elsewhere
+        the reference encodes a gathered copy. Raises ValueError for NaN or Inf in the
+        KV (slots ``index`` then hold garbage; nothing else is touched)."""
+        self._check_last(last_page_tokens)
+        self._check_region(pool, slots)
+        if not (pool.is_cuda and triton_available()):
+            slots[index] = self.encode(pool[index], last_page_tokens)
+            return
+        from libs.kernels.nvfp4 import kv_pages
+
+        with torch.cuda.device(pool.device):
+            bad = kv_pages.encode_pages(pool, index, slots, last_page_tokens)
+        if bad.any().item():  # waits for the kernel: the one host sync
+            raise ValueError(NON_FINITE)
+
+    def unpack_pages(self, slots: torch.Tensor, index: torch.Tensor,
+                     pool: torch.Tensor) -> None:
+        """Decode slots ``index`` into the pool pages of the same ids, in the pool's dtype
+        (queued on the current stream, like any other write of the pool)."""
+        self._check_region(pool, slots)
+        if not (pool.is_cuda and triton_available()):
+            pool[index] = self.decode(slots[index], pool.dtype)
+            return
+        from libs.kernels.nvfp4 import kv_pages
+
+        with torch.cuda.device(pool.device):
+            kv_pages.decode_pages(slots, index, pool)
+
     def roundtrip(self, pages: torch.Tensor, last_page_tokens: int | None = None) -> torch.Tensor:
         """What the decode's pool holds after these pages travelled (tests, benchmarks)."""
         return self.decode(self.encode(pages, last_page_tokens), pages.dtype)
+
+    def _check_last(self, last_page_tokens: int | None) -> int:
+        """Positions of the last page to encode (page_size when None), checked."""
+        if last_page_tokens is None:
+            return self.page_size
+        if not 1 <= last_page_tokens <= self.page_size:
+            raise ValueError(f"last_page_tokens must be in 1..{self.page_size}")
+        return last_page_tokens
+
+    def _check_region(self, pool: torch.Tensor, slots: torch.Tensor) -> None:
+        """A KV pool and its staging region: one slot of this format a page."""
+        self._check_pages(pool)
+        if slots.dtype != torch.uint8 or tuple(slots.shape) != (pool.shape[0], self.slot_bytes):
+            raise ValueError(f"slots must be uint8 [{pool.shape[0]}, {self.slot_bytes}], got "
+                             f"{slots.dtype} {tuple(slots.shape)}")
 
     def _check_pages(self, pages: torch.Tensor) -> None:
         if tuple(pages.shape[1:]) != self.page_shape or pages.shape[0] < 1:

@@ -54,7 +54,7 @@ class KvWire:
         if self.format is None or not pages:
             return
         index = torch.tensor(list(pages), device=self.pool.device)
-        self.region[index] = self.format.encode(self.pool[index], last_page_tokens)
+        self.format.pack_pages(self.pool, index, self.region, last_page_tokens)
         settle(self.region.device)  # the write posted next reads these slots
 
     def unpack(self, pages: Sequence[int]) -> None:
@@ -62,4 +62,4 @@ class KvWire:
         if self.format is None or not pages:
             return
         index = torch.tensor(list(pages), device=self.pool.device)
-        self.pool[index] = self.format.decode(self.region[index], self.pool.dtype)
+        self.format.unpack_pages(self.region, index, self.pool)

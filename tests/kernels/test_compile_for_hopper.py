@@ -110,6 +110,31 @@ def test_the_paged_attention_kernels_compile_for_hopper(dtype):
             {"D": head_dim, "D_PAD": d_pad, "S_PAD": pa._pow2(pa.MAX_SPLITS)})
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_nvfp4_kv_page_kernels_compile_for_hopper(dtype):
+    """The wire format's encode (pool pages into slots) and decode, for each served
+    model's KV page, with the constexprs encode_pages and decode_pages give them."""
+    import torch
+
+    from libs.kernels.nvfp4 import kv_pages
+    from libs.transfer.kvwire import Nvfp4PageFormat
+
+    ptr = f"*{dtype}"
+    for layers, _, kv_heads, head_dim in [(30, 9, 3, 64), (16, 32, 8, 64), (32, 32, 8, 128)]:
+        fmt = Nvfp4PageFormat(layers, kv_heads, PAGE, head_dim)
+        pool = torch.empty((1, *fmt.page_shape), device="meta")
+        shape = kv_pages._shape(pool, torch.empty((1, fmt.slot_bytes), device="meta"))
+        compile_for_hopper(
+            kv_pages.encode_pages_kernel,
+            dict(pool_ptr=ptr, index_ptr="*i64", slots_ptr="*u8", slots_f32_ptr="*fp32",
+                 bad_ptr="*i32", n_pages="i32", last_tokens="i32"),
+            {"ROW_BLOCKS": head_dim // 16, "PAGE": PAGE, **shape})
+        compile_for_hopper(
+            kv_pages.decode_pages_kernel,
+            dict(slots_ptr="*u8", slots_f32_ptr="*fp32", index_ptr="*i64", pool_ptr=ptr),
+            shape)
+
+
 def test_the_check_can_fail():
     """A kernel the compiler rejects (here: a block that is not a power of two) is
     refused on this machine, not first on a GPU."""
