@@ -47,7 +47,11 @@ def test_every_phase_of_the_suite_runs_and_reports(tmp_path):
     assert len(greedy) == 2 and all(len(tokens) == 8 for tokens in greedy)
     lengths = r["kv"]["kv-nvfp4"]["agreement_lengths"]
     assert len(lengths) == 2 and all(0 <= n <= 8 for n in lengths)
+    control = r["mesh"]["native"]["control_agreement_lengths"]
+    assert len(control) == 2 and all(0 <= n <= 8 for n in control)
+    assert "control_agreement_lengths" not in r["mesh"]["nvfp4"]  # native weights' alone
     assert "| mesh decode, batch 1 (tok/s) |" in md and "Greedy agreement" in md
+    assert "Control, native KV" in md
     assert r["sizes"]["chunk_tokens"] == 128 and "Prefill chunk: 128 tokens" in md
     assert "| engine decode, batch 2 (tok/s) | -" not in md
 

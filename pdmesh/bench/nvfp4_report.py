@@ -86,6 +86,11 @@ def markdown(r: dict) -> str:
         lines += ["", f"Greedy agreement, NVFP4 KV vs native KV, {len(agree)} prompts of "
                   f"{n} tokens, first {r['sizes']['agreement_tokens']} tokens: "
                   f"{agree} (min {min(agree) if agree else '-'})."]
+    control = _get(mesh, "native", "control_agreement_lengths")
+    if control is not None:
+        lines += ["", f"Control, native KV: the same prompts each served beside a second "
+                  f"request (only the batch's rounding differs): {control} "
+                  f"(min {min(control) if control else '-'})."]
     if r.get("skipped"):
         lines += ["", f"Skipped for the time budget: {', '.join(r['skipped'])}."]
     if r.get("running"):

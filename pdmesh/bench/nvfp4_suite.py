@@ -21,6 +21,12 @@ beside it) when it ends, so a run cut short keeps what it measured:
    prompt's KV moved, and the same greedy prompts, compared token by token with the
    native KV's.
 
+The greedy comparison has a control, measured on the native mesh: the same prompts,
+each served beside a second request, so that only the batches' rounding differs (native
+weights, native KV). How long greedy text survives that is the floor of what any lossy
+change can be held to on these weights: random weights give nearly flat logits, where
+the argmax flips under a rounding difference.
+
 The meshes prefill as the service does by default (the device's default chunks, each
 chunk's KV written while the next one computes), so a room's KV transfer is reported as
 what it costs a request: its bytes, and its tail (pdmesh_kv_transfer_tail_seconds: after the
@@ -233,6 +239,10 @@ class Suite:
             figures["kv_transfer"] = spent["kv_transfer"]
         if weights == "native" and not a.skip_kv:  # the reference the NVFP4 KV meets
             figures["greedy"] = self.greedy(side)
+            if kv == "native":  # the control: only the batch's rounding differs
+                beside = self.greedy(side, companion=True)
+                figures["control_agreement_lengths"] = agreement_lengths(
+                    beside, figures["greedy"])
         if kv != "native":
             reference = self.result["mesh"].get("native", {}).get("greedy")
             if reference is not None:
@@ -242,16 +252,21 @@ class Suite:
         lens = sorted({*ints(self.args.ttft_lens), self.args.kv_prompt_tokens})
         return {n: Request(0, [], 1, text=prompt_text(self.tok, n, 500 + n)) for n in lens}
 
-    def greedy(self, side) -> list[list[int]]:
+    def greedy(self, side, companion: bool = False) -> list[list[int]]:
         """--agreement-prompts prompts of --kv-prompt-tokens, one at a time (a batch of
-        another composition would change bf16 bits on its own), greedy."""
+        another composition would change bf16 bits on its own), greedy. ``companion``:
+        each beside a second request of the same length (the control), its tokens."""
         a = self.args
         out = []
         for i in range(a.agreement_prompts):
             text = prompt_text(self.tok, a.kv_prompt_tokens, 700 + i)
-            records = self.serve(side, Workload(f"greedy {i}", [
-                Request(0, [], a.agreement_tokens, text=text)], 1))[0]
-            out.append(records[0].token_ids)
+            requests = [Request(0, [], a.agreement_tokens, text=text)]
+            if companion:
+                other = prompt_text(self.tok, a.kv_prompt_tokens, 800 + i)
+                requests.append(Request(1, [], a.agreement_tokens, text=other))
+            name = f"greedy {i}" + (" beside another" if companion else "")
+            records = self.serve(side, Workload(name, requests, len(requests)))[0]
+            out.append(records[0].token_ids)  # records come in request order
         return out
 
     def serve(self, side, workload: Workload):
