@@ -49,12 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     parser.add_argument(
-        "--overlap-steps", default="off", choices=("on", "off"),
+        "--overlap-steps", default="auto", choices=("auto", "on", "off"),
         help="on: launch each decode step before handing off the previous one's tokens, "
         "so the host's share of a step (streams, admission, page growth) runs while the "
-        "device computes; for CUDA (on the CPU a launch is the whole forward, so there "
-        "is nothing to overlap). Default off: the serial step, whose GPU figures "
-        "docs/performance.md gives",
+        "device computes; off: one step at a time. Default auto: on for CUDA, off on the "
+        "CPU (there a launch is the whole forward, so there is nothing to overlap)",
     )
     parser.add_argument(
         "--message-rate", type=message_rate, default=DEFAULT_MESSAGE_RATE, metavar="PER_S",
@@ -65,6 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def overlap_steps(choice: str, device: str) -> bool:
+    """--overlap-steps: auto overlaps on CUDA only."""
+    return sizing.is_cuda(device) if choice == "auto" else choice == "on"
+
+
 async def serve(args: argparse.Namespace) -> None:
     from services.decode.service import DecodeConfig, DecodeService  # torch: see serve_member
 
@@ -73,6 +77,6 @@ async def serve(args: argparse.Namespace) -> None:
     reservation = growth.Reservation(args.kv_reserve, args.kv_growth_tokens)
     config = DecodeConfig(max_rooms=args.max_rooms, max_batch=max_batch,
                           reservation=reservation, message_rate=args.message_rate,
-                          overlap_steps=args.overlap_steps == "on")
+                          overlap_steps=overlap_steps(args.overlap_steps, args.device))
     await serve_member(args, DecodeService, config,
                        decode_pb2.DESCRIPTOR.services_by_name["Decode"])

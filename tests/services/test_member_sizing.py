@@ -153,3 +153,11 @@ def test_running_out_of_cuda_memory_at_start_names_the_stage_and_the_flags():
     assert message.startswith("CUDA out of memory on cpu allocating the KV pool.")
     assert "--kv-pages" in message and "--prefill-kv-pages" in message
     assert "--gpu-memory-fraction" in message
+
+
+def test_overlapped_decode_steps_default_to_cuda_only():
+    from services.decode.main import overlap_steps
+
+    assert overlap_steps("auto", "cuda") and overlap_steps("auto", "cuda:1")
+    assert not overlap_steps("auto", "cpu")
+    assert overlap_steps("on", "cpu") and not overlap_steps("off", "cuda")
