@@ -12,7 +12,7 @@ more, so they may be freed.
 Before each step the batch grows its sequences' pages as they need them, preempting the
 newest when the pool runs dry (`services/decode/growth.py`).
 
-Overlapped steps (`--overlap-steps on`, for CUDA). Serially, the device idles while
+Overlapped steps (`--overlap-steps`, on by default for CUDA). Serially, the device idles while
 the host hands a step's tokens to their streams, serves the streams and plans the next
 step. With overlap, step N+1 is launched before step N is handed off: its rows feed the
 tokens step N sampled straight from the device (a token -(j+1) names row j of step N's
