@@ -33,9 +33,12 @@ def test_kernels_under_the_interpreter():
     run_module_interpreted(__file__)
 
 
-# (layers, kv heads, page size, head_dim): the tiny spec, SmolLM2's heads, Llama-3's heads
-SHAPES = [(2, 2, 16, 16), (3, 3, 16, 64), (2, 8, 16, 128), (1, 1, 5, 32)]
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# (layers, kv heads, page size, head_dim): the tiny spec, SmolLM2's heads, Llama-3's heads,
+# a page size that is not a power of two; every shape in bf16 (what a GPU pool holds),
+# fp32 and fp16 on two each (the interpreter is slow: a case is a couple of seconds)
+TINY, SMOL, LLAMA, ODD = (2, 2, 16, 16), (3, 3, 16, 64), (2, 8, 16, 128), (1, 1, 5, 32)
+CASES = [(shape, torch.bfloat16) for shape in (TINY, SMOL, LLAMA, ODD)] + [
+    (SMOL, torch.float32), (ODD, torch.float32), (TINY, torch.float16), (LLAMA, torch.float16)]
 
 
 def _pool(shape, dtype, num_pages: int = 7, seed: int = 0) -> torch.Tensor:
@@ -54,8 +57,8 @@ def _fmt(shape) -> Nvfp4PageFormat:
 
 
 @kernels
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}-h{}-p{}-d{}".format(*s))
+@pytest.mark.parametrize(("shape", "dtype"), CASES, ids=lambda c: (
+    str(c).removeprefix("torch.") if isinstance(c, torch.dtype) else "L{}-h{}-p{}-d{}".format(*c)))
 def test_encode_writes_the_references_bytes_into_the_slots_of_those_pages(shape, dtype):
     """A prompt's last page: its first 3 positions (the full-page case is the stale-tail
     test's first page)."""
@@ -77,8 +80,8 @@ def test_encode_writes_the_references_bytes_into_the_slots_of_those_pages(shape,
 
 
 @kernels
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "L{}-h{}-p{}-d{}".format(*s))
+@pytest.mark.parametrize(("shape", "dtype"), CASES, ids=lambda c: (
+    str(c).removeprefix("torch.") if isinstance(c, torch.dtype) else "L{}-h{}-p{}-d{}".format(*c)))
 def test_decode_writes_the_references_values_into_those_pages(shape, dtype):
     fmt, source = _fmt(shape), _pool(shape, dtype)
     index = torch.tensor([1, 6, 2])
