@@ -152,8 +152,7 @@ class Nvfp4PageFormat:
             return
         from libs.kernels.nvfp4 import kv_pages
 
-        with torch.cuda.device(pool.device):
-            bad = kv_pages.encode_pages(pool, index, slots, last_page_tokens)
+        bad = kv_pages.encode_pages(pool, index, slots, last_page_tokens)
         if bad.any().item():  # waits for the kernel: the one host sync
             raise ValueError(NON_FINITE)
 
@@ -167,8 +166,7 @@ class Nvfp4PageFormat:
             return
         from libs.kernels.nvfp4 import kv_pages
 
-        with torch.cuda.device(pool.device):
-            kv_pages.decode_pages(slots, index, pool)
+        kv_pages.decode_pages(slots, index, pool)
 
     def roundtrip(self, pages: torch.Tensor, last_page_tokens: int | None = None) -> torch.Tensor:
         """What the decode's pool holds after these pages travelled (tests, benchmarks)."""

@@ -9,7 +9,7 @@ very tokens of an unpreempted run is checked on a context-sensitive model in
 tests/services/test_decode_growth.py and on SmolLM2 by `python -m bench.preemption`.
 
 The decode here overlaps its steps (`--overlap-steps on`; the other mesh tests run the
-default, serial): preemption then has to wait until no step is on the device, and a
+CPU's default, serial): preemption then has to wait until no step is on the device, and a
 sequence that ends under a launched step is released after it."""
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _on_device_of
 from .format import BLOCK, GLOBAL_DIVISOR
 from .quantize_kernel import _codes_divided
 
@@ -208,11 +209,12 @@ def encode_pages(pool: torch.Tensor, index: torch.Tensor, slots: torch.Tensor,
     shape = _shape(pool, slots)
     bad = torch.empty(index.numel() * shape["TENSORS"], dtype=torch.int32, device=pool.device)
     if index.numel():
-        encode_pages_kernel[(bad.numel(),)](
-            pool, index, slots, slots.view(torch.float32), bad, index.numel(),
-            page_size if last_page_tokens is None else last_page_tokens,
-            ROW_BLOCKS=pool.shape[5] // BLOCK, PAGE=page_size, **shape,
-        )
+        with _on_device_of(pool):  # Triton launches on the thread's current device
+            encode_pages_kernel[(bad.numel(),)](
+                pool, index, slots, slots.view(torch.float32), bad, index.numel(),
+                page_size if last_page_tokens is None else last_page_tokens,
+                ROW_BLOCKS=pool.shape[5] // BLOCK, PAGE=page_size, **shape,
+            )
     return bad
 
 
@@ -221,6 +223,7 @@ def decode_pages(slots: torch.Tensor, index: torch.Tensor, pool: torch.Tensor) -
     _check(pool, index, slots)
     shape = _shape(pool, slots)
     if index.numel():
-        decode_pages_kernel[(index.numel() * shape["TENSORS"],)](
-            slots, slots.view(torch.float32), index, pool, **shape
-        )
+        with _on_device_of(pool):
+            decode_pages_kernel[(index.numel() * shape["TENSORS"],)](
+                slots, slots.view(torch.float32), index, pool, **shape
+            )
