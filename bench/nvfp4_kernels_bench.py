@@ -239,6 +239,20 @@ def _load_module(name: str, path: str):
     return module
 
 
+# (label, N, K): the group is the label's first word, what --shapes names
+SHAPES = [
+    ("smollm2 q/o", 576, 576), ("smollm2 k/v", 192, 576),
+    ("smollm2 gate/up", 1536, 576), ("smollm2 down", 576, 1536),
+    ("square 4096", 4096, 4096), ("large 8192x28672", 8192, 28672),
+    ("engine wqkv", 960, 576), ("engine gate_up", 3072, 576),
+    ("mid 2048x2048", 2048, 2048), ("mid 2048x1536", 2048, 1536), ("mid 4096x1024", 4096, 1024),
+    ("llama8b wqkv", 6144, 4096), ("llama8b wo", 4096, 4096),
+    ("llama8b gate_up", 28672, 4096), ("llama8b down", 4096, 14336),
+    ("llama1b wqkv", 3072, 2048), ("llama1b wo", 2048, 2048),
+    ("llama1b gate_up", 16384, 2048), ("llama1b down", 2048, 8192),
+]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "bench-results"))
@@ -246,9 +260,11 @@ def main(argv=None) -> int:
     ap.add_argument("--stream-only", action="store_true", help="quantize/dequantize only")
     ap.add_argument("--linear-only", action="store_true", help="skip quantize/dequantize")
     ap.add_argument("--shapes", default="",
-                    help="comma list of smollm2,square,large,engine,mid (engine: the fused "
-                         "SmolLM2 layers the engine runs, wqkv 960x576 and gate_up 3072x576; "
-                         "mid: 2-4M-weight layers, 2048x2048, 2048x1536, 4096x1024)")
+                    help="comma list of smollm2,square,large,engine,mid,llama8b,llama1b "
+                         "(engine: the fused SmolLM2 layers the engine runs, wqkv 960x576 "
+                         "and gate_up 3072x576; mid: 2-4M-weight layers, 2048x2048, "
+                         "2048x1536, 4096x1024; llama8b, llama1b: the four layer linears "
+                         "of Llama-3-8B's and Llama-3.2-1B's shapes as the engine runs them")
     ap.add_argument("--ms", default="1,16,64,256",
                     help="token counts of the linear rows (1: a decode step; 256: a decode batch "
                          "or prompt chunk; 512 and more show long prompts)")
@@ -277,20 +293,13 @@ def main(argv=None) -> int:
     global BASELINE
     if args.baseline:
         BASELINE = _load_module("libs.kernels.nvfp4._baseline_lk", args.baseline)
-    shapes = [("smollm2 q/o", 576, 576), ("smollm2 k/v", 192, 576),
-              ("smollm2 gate/up", 1536, 576), ("smollm2 down", 576, 1536),
-              ("square 4096", 4096, 4096)]
-    if not args.quick:
-        shapes.append(("large 8192x28672", 8192, 28672))
     if args.shapes:
         keep = args.shapes.split(",")
-        shapes = [sh for sh in [("smollm2 q/o", 576, 576), ("smollm2 k/v", 192, 576),
-                                ("smollm2 gate/up", 1536, 576), ("smollm2 down", 576, 1536),
-                                ("square 4096", 4096, 4096), ("large 8192x28672", 8192, 28672),
-                                ("engine wqkv", 960, 576), ("engine gate_up", 3072, 576),
-                                ("mid 2048x2048", 2048, 2048), ("mid 2048x1536", 2048, 1536),
-                                ("mid 4096x1024", 4096, 1024)]
-                  if sh[0].split()[0] in keep]
+        shapes = [sh for sh in SHAPES if sh[0].split()[0] in keep]
+    else:
+        shapes = [sh for sh in SHAPES if sh[0].split()[0] in ("smollm2", "square")]
+        if not args.quick:
+            shapes += [sh for sh in SHAPES if sh[0].split()[0] == "large"]
     if args.stream_only:
         shapes = []
     ms_list = [int(v) for v in args.ms.split(",")]

@@ -35,10 +35,10 @@ def test_kernels_under_the_interpreter():
 
 # (layers, kv heads, page size, head_dim): the tiny spec, SmolLM2's heads, Llama-3's heads,
 # a page size that is not a power of two; every shape in bf16 (what a GPU pool holds),
-# fp32 and fp16 on two each (the interpreter is slow: a case is a couple of seconds)
+# fp32 and fp16 on one each (the interpreter is slow: a case is a couple of seconds)
 TINY, SMOL, LLAMA, ODD = (2, 2, 16, 16), (3, 3, 16, 64), (2, 8, 16, 128), (1, 1, 5, 32)
 CASES = [(shape, torch.bfloat16) for shape in (TINY, SMOL, LLAMA, ODD)] + [
-    (SMOL, torch.float32), (ODD, torch.float32), (TINY, torch.float16), (LLAMA, torch.float16)]
+    (ODD, torch.float32), (LLAMA, torch.float16)]
 
 
 def _pool(shape, dtype, num_pages: int = 7, seed: int = 0) -> torch.Tensor:

@@ -64,13 +64,16 @@ async def _mesh_tokens(mesh, prompt: str) -> list[int]:
 
 async def test_greedy_tokens_equal_transformers_and_colocated(smol_mesh, colocated,
                                                               hf_reference):
+    """Every prompt's mesh tokens equal the colocated engine's; the first prompt's also
+    equal transformers' (tests/engine/test_smollm2.py holds the engine to transformers on
+    other prompts; a transformers decode costs seconds a prompt on a CI core)."""
     loaded, engine = colocated
-    reference = hf_reference
-    for prompt in PROMPTS:
+    for i, prompt in enumerate(PROMPTS):
         mesh_ids = await _mesh_tokens(smol_mesh, prompt)
         assert len(mesh_ids) >= MIN_TOKENS, (prompt, mesh_ids)
         prompt_ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
         local = generate(engine, prompt_ids, SamplingParams(temperature=0, max_tokens=48))
         assert mesh_ids == local, prompt
-        assert mesh_ids == hf_greedy(reference, prompt_ids, len(mesh_ids)), prompt
+        if i == 0:
+            assert mesh_ids == hf_greedy(hf_reference, prompt_ids, len(mesh_ids)), prompt
     await anyio.to_thread.run_sync(wait_quiet, smol_mesh, 2.0)
