@@ -294,12 +294,10 @@ def main(argv=None) -> int:
     if args.baseline:
         BASELINE = _load_module("libs.kernels.nvfp4._baseline_lk", args.baseline)
     if args.shapes:
-        keep = args.shapes.split(",")
-        shapes = [sh for sh in SHAPES if sh[0].split()[0] in keep]
+        groups = args.shapes.split(",")
     else:
-        shapes = [sh for sh in SHAPES if sh[0].split()[0] in ("smollm2", "square")]
-        if not args.quick:
-            shapes += [sh for sh in SHAPES if sh[0].split()[0] == "large"]
+        groups = ["smollm2", "square"] + ([] if args.quick else ["large"])
+    shapes = [sh for sh in SHAPES if sh[0].split()[0] in groups]
     if args.stream_only:
         shapes = []
     ms_list = [int(v) for v in args.ms.split(",")]

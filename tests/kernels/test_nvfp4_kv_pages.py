@@ -41,6 +41,12 @@ CASES = [(shape, torch.bfloat16) for shape in (TINY, SMOL, LLAMA, ODD)] + [
     (ODD, torch.float32), (LLAMA, torch.float16)]
 
 
+def _case_id(part) -> str:
+    if isinstance(part, torch.dtype):
+        return str(part).removeprefix("torch.")
+    return "L{}-h{}-p{}-d{}".format(*part)
+
+
 def _pool(shape, dtype, num_pages: int = 7, seed: int = 0) -> torch.Tensor:
     """KV-like pages: tensors at very different scales, some outliers, one all-zero."""
     layers, heads, page, head_dim = shape
@@ -57,8 +63,7 @@ def _fmt(shape) -> Nvfp4PageFormat:
 
 
 @kernels
-@pytest.mark.parametrize(("shape", "dtype"), CASES, ids=lambda c: (
-    str(c).removeprefix("torch.") if isinstance(c, torch.dtype) else "L{}-h{}-p{}-d{}".format(*c)))
+@pytest.mark.parametrize(("shape", "dtype"), CASES, ids=_case_id)
 def test_encode_writes_the_references_bytes_into_the_slots_of_those_pages(shape, dtype):
     """A prompt's last page: its first 3 positions (the full-page case is the stale-tail
     test's first page)."""
@@ -80,8 +85,7 @@ def test_encode_writes_the_references_bytes_into_the_slots_of_those_pages(shape,
 
 
 @kernels
-@pytest.mark.parametrize(("shape", "dtype"), CASES, ids=lambda c: (
-    str(c).removeprefix("torch.") if isinstance(c, torch.dtype) else "L{}-h{}-p{}-d{}".format(*c)))
+@pytest.mark.parametrize(("shape", "dtype"), CASES, ids=_case_id)
 def test_decode_writes_the_references_values_into_those_pages(shape, dtype):
     fmt, source = _fmt(shape), _pool(shape, dtype)
     index = torch.tensor([1, 6, 2])
