@@ -36,14 +36,20 @@ def hf_reference():
     return load_hf_reference()
 
 
-@pytest.fixture(scope="module")
-def etcd_server(tmp_path_factory):
-    """A real etcd (Debian's etcd-server; `.ci/run` installs it) on loopback, free ports,
-    its data in a temp dir; skipped only where the binary cannot be found."""
-    from pdmesh.etcdmesh import EtcdServer, etcd_binary
+@pytest.fixture(scope="session")
+def etcd_installed():
+    """Skips the test where Debian's etcd-server is not installed (`.ci/run` installs it)."""
+    from pdmesh.etcdmesh import etcd_binary
 
     if etcd_binary() is None:
         pytest.skip("etcd not installed (Debian: apt-get install etcd-server; .ci/run does)")
+
+
+@pytest.fixture(scope="module")
+def etcd_server(tmp_path_factory, etcd_installed):
+    """A real etcd on loopback, free ports, its data in a temp dir."""
+    from pdmesh.etcdmesh import EtcdServer
+
     server = EtcdServer(tmp_path_factory.mktemp("etcd"))
     server.start()
     yield server

@@ -165,7 +165,7 @@ async def test_a_foreign_key_is_ignored_and_counted(etcd_server):
         tg.cancel_scope.cancel()
 
 
-async def test_etcd_down_at_start_then_restarted(tmp_path):
+async def test_etcd_down_at_start_then_restarted(tmp_path, etcd_installed):
     server = EtcdServer(tmp_path / "etcd")
     replica = Replica(f"etcd://{server.address}/pdmesh", lease=3.0)
     async with anyio.create_task_group() as tg:

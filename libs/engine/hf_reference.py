@@ -7,6 +7,8 @@ It lives beside the loader because it reads the same checkpoint the same loader 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 
 import torch
@@ -14,7 +16,28 @@ import torch
 from libs.engine.loader import smollm2_gguf_path
 
 
+@contextlib.contextmanager
+def _one_tensor_name_map():
+    """transformers asks gguf for the GGUF-to-HF tensor-name map once per module of the
+    model, 397 times for SmolLM2, about 10 s on one core; the map depends only on its
+    arguments (architecture, layer count) and is only read, so within the load it is
+    built once. The loading itself is untouched."""
+    import gguf
+
+    build = gguf.get_tensor_name_map
+    gguf.get_tensor_name_map = functools.cache(build)
+    try:
+        yield
+    finally:
+        gguf.get_tensor_name_map = build
+
+
 def load_hf_reference():
+    with _one_tensor_name_map():
+        return _load_hf_reference()
+
+
+def _load_hf_reference():
     path = smollm2_gguf_path()
     if importlib.util.find_spec("accelerate") is not None:
         from transformers import AutoModelForCausalLM
