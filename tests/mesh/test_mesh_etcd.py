@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from pdmesh.client import Done, GenerateClient
-from pdmesh.etcdmesh import EtcdMesh, etcd_binary
+from pdmesh.etcdmesh import EtcdMesh
 from pdmesh.etcdstorm import storm
 from pdmesh.status import collect
 
@@ -24,9 +24,7 @@ PEERS = ("prefill-0", "router-0", "router-1")
 
 
 @pytest.fixture(scope="module")
-def mesh(tmp_path_factory):
-    if etcd_binary() is None:
-        pytest.skip("etcd not installed (Debian: apt-get install etcd-server; .ci/run does)")
+def mesh(tmp_path_factory, etcd_installed):
     mesh = EtcdMesh(tmp_path_factory.mktemp("etcdmesh"), lease=LEASE)
     try:
         mesh.start()
