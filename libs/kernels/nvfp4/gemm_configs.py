@@ -31,9 +31,16 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
         return _small_layer_config(m, n, k, sms)
     if n * k < 2**24:
         return None
+    return layer_config(m, n, k, sms)
+
+
+def layer_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
+    """pick_config's config for a layer of 2^22 weights or more, past its guards (which
+    layers take the GEMM at all): the token tile, K split and x ring, or None where K does
+    not fit. bench/nvfp4_route_sweep.py times it on the layers the guards send elsewhere."""
     head = whole_tiles_first(m, n, sms)
     if head:
-        first, rest = pick_config(head, n, k, sms), pick_config(m - head, n, k, sms)
+        first, rest = layer_config(head, n, k, sms), layer_config(m - head, n, k, sms)
         if first and rest:
             return dict(first, HEAD=head, REST=rest)
     bm = 256 if m > 128 else max(16, 1 << (m - 1).bit_length())

@@ -28,6 +28,13 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
       partly masked."""
     if m > 8 or n * k < 2**23:
         return None
+    return layer_config(m, n, k, sms)
+
+
+def layer_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
+    """pick_config's config for up to 8 tokens past its guard on the layer's size (which
+    layers take the GEMV at all), or None where K does not fit: the rules of pick_config's
+    docstring. bench/nvfp4_route_sweep.py times it on the layers the guard sends elsewhere."""
     if m == 1:
         staged = _split(dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, num_warps=4, X_SMEM=True),
                         m, n, k, 4 * sms)
