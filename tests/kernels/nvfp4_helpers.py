@@ -79,6 +79,9 @@ CASES = [
     (4096, 4096, 1, "gemv"), (1064, 8192, 1, "gemv"), (8192, 8192, 1, "gemv"),
     (300, 28672, 1, "gemv"), (4096, 4096, 5, "gemv"), (4096, 11008, 1, "gemv"),
     (4096, 11008, 5, "gemv"),
+    # gemv on mid-sized layers (Llama-3.2-1B's q/k/v and o): K sliced at one token, 64-row
+    # tiles with K split in four at four tokens
+    (3072, 2048, 1, "gemv"), (2048, 2048, 4, "gemv"),
     # small: x in registers (16 and 32 rows a program), by TMA on one and two warpgroups,
     # a shifted last tile with ragged N, the tiny model's layers
     (576, 576, 1, "small"), (960, 576, 32, "small"), (4240, 576, 3, "small"),
@@ -95,13 +98,16 @@ CASES = [
     (4096, 4096, 17, "gemm"), (4096, 4096, 100, "gemm"), (4096, 4096, 200, "gemm"),
     (4096, 4096, 256, "gemm"), (2048, 8192, 256, "gemm"), (4096, 14336, 520, "gemm"),
     (8192, 2048, 300, "gemm"), (8192, 2048, 330, "gemm"), (576, 1536, 600, "gemm"),
+    # gemm on mid-sized layers: 16-token tiles with a shifted last tile, 64-token tiles,
+    # two programs an SM (the smaller x ring)
+    (3072, 2048, 20, "gemm"), (3072, 2048, 128, "gemm"), (16384, 512, 17, "gemm"),
     # triton: 9-16 tokens on large layers (64- and 128-row tiles), few tokens on a small
-    # layer with long K, a layer of 2^22 weights, long_and_light, K not whole 64-wide chunks
+    # layer with long K, a mid-sized layer, long_and_light, K not whole 64-wide chunks
     (4096, 4096, 12, "triton"), (2048, 8192, 9, "triton"), (576, 1536, 1, "triton"),
-    (576, 1536, 32, "triton"), (1024, 4096, 20, "triton"), (960, 2560, 48, "triton"),
+    (576, 1536, 32, "triton"), (1024, 4096, 12, "triton"), (960, 2560, 48, "triton"),
     (72, 1040, 3, "triton"), (100, 48, 7, "triton"),
     # dequantize (bf16; fp16 keeps the kernels: the small kernel, the GEMM, the Triton
     # kernel's 128-token tiles with the plain decode)
     (3072, 576, 512, "dequantize"), (576, 1536, 1024, "dequantize"),
-    (1024, 4096, 100, "dequantize"), (2048, 2048, 32, "dequantize"),
+    (1024, 4096, 256, "dequantize"), (2048, 2048, 300, "dequantize"),
 ]

@@ -58,9 +58,6 @@ def test_long_prompts_on_small_layers_take_the_dequantize_route_in_bf16_only():
         assert kernel(*nk, 4096, FP16) != "dequantize", nk
     assert kernel(*GATE_UP, 512, BF16) == "dequantize"
     assert kernel(*DOWN, 1024, BF16) == "dequantize"
-    # and the Triton kernel's layers of 2^22 weights from 32 tokens
-    assert kernel(1024, 4096, 32, BF16) == "dequantize"
-    assert kernel(1024, 4096, 32, FP16) == "triton"
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16])
@@ -75,10 +72,53 @@ def test_large_layers(nk, dtype):
         assert kernel(*nk, m, dtype) == "gemm", m
 
 
-def test_layers_between_small_and_large_take_the_triton_kernel():
-    for m in (1, 8, 17, 31, 256):
-        assert kernel(1024, 4096, m, FP16) == "triton", m
-        assert kernel(2048, 2048, m, FP16) == "triton", m
+MID = [(3072, 2048), (2048, 2048), (1024, 4096)]  # Llama-3.2-1B's q/k/v and o; 2^22
+
+
+@pytest.mark.parametrize("nk", MID, ids=str)
+def test_mid_sized_layers(nk):
+    # decode batches: the GEMV up to 8 tokens, the Triton kernel at 9-16, the GEMM after;
+    # prompt chunks (256 tokens and up): dequantize + cuBLAS in bf16, the Triton kernel in
+    # fp16
+    for dtype in (BF16, FP16):
+        for m in (1, 2, 8):
+            assert kernel(*nk, m, dtype) == "gemv", m
+        for m in (9, 16):
+            assert kernel(*nk, m, dtype) == "triton", m
+        for m in (17, 32, 64, 128, 255):
+            assert kernel(*nk, m, dtype) == "gemm", m
+    for m in (256, 1024, 8192):
+        assert kernel(*nk, m, BF16) == "dequantize", m
+        assert kernel(*nk, m, FP16) == "triton", m
+
+
+def test_mid_sized_layers_token_tiles_leave_two_thirds_of_the_sms_a_tile():
+    # 3072 x 2048 has 48 rows of 64: 16-token tiles to 32 tokens, then 32, 64, 128
+    tiles = {m: gemm_configs.pick_config(m, 3072, 2048)["BM"] for m in (17, 32, 33, 64, 128, 129)}
+    assert tiles == {17: 16, 32: 16, 33: 32, 64: 32, 128: 64, 129: 128}
+    # 2048 x 2048 (32 rows): 16-token tiles to 64 tokens, then 32
+    assert gemm_configs.pick_config(64, 2048, 2048)["BM"] == 16
+    assert gemm_configs.pick_config(128, 2048, 2048)["BM"] == 32
+    # K stays whole, and the larger x ring only where each SM runs one program
+    for m in (17, 64, 128, 200):
+        cfg = gemm_configs.pick_config(m, 3072, 2048)
+        assert cfg["SPLIT_K"] == 1 and cfg.get("LOOKAHEAD") is True
+    wide = gemm_configs.pick_config(17, 16384, 512)  # 256 rows of 64: 256 programs
+    assert wide["BM"] == 32 and "LOOKAHEAD" not in wide
+    assert gemm_configs.pick_config(256, 3072, 2048) is None
+
+
+def test_mid_sized_layers_gemv_tiles():
+    # one token: K sliced across the warps of a program; more: 64 rows on 4 warps
+    one = gemv_configs.pick_config(1, 2048, 2048)
+    assert one["SLICES"] == 4 and one["BN"] == 64
+    few = gemv_configs.pick_config(4, 3072, 2048)
+    assert (few["BN"], few["num_warps"], few["SPLIT_K"]) == (64, 4, 4)
+    assert gemv_configs.pick_config(4, 4096, 4096)["BN"] == 128  # 2^24: large-layer tiles
+    assert gemv_configs.pick_config(1, 2048, 2047) is None  # under 2^22 weights
+
+
+def test_k_the_kernels_cannot_take_goes_to_the_triton_kernel():
     assert kernel(4096, 11008, 1) == "gemv"  # K of whole 128-wide chunks (Llama-2's)
     assert kernel(4096, 4160, 1) == "triton"  # K not whole chunks: not the GEMV
     assert kernel(72, 1040, 3) == kernel(100, 48, 7) == "triton"  # K not whole 64-wide chunks
@@ -205,15 +245,16 @@ def test_gemm_copies_x_only_under_one_large_tile_and_moves_the_last_tile_past_on
     ("gemm", 1024, 576, 1536, True), ("gemm", 512, 576, 1536, False),    # down
     ("gemm", 1024, 2048, 1536, True), ("gemm", 512, 2048, 1536, False),
     # the Triton kernel from 32 tokens and 2^27 multiply-adds
-    ("triton", 32, 2048, 2048, True), ("triton", 16, 2048, 2048, False),
+    ("triton", 64, 2048, 1536, True), ("triton", 32, 2048, 1536, False),
     ("triton", 128, 1024, 1024, True), ("triton", 64, 1024, 1024, False),
-    # layers of 2^22 to 2^24 weights (Triton only): prompt chunks, never decode batches
-    ("triton", 256, 3072, 2048, True), ("triton", 128, 3072, 2048, False),
+    # layers of 2^22 to 2^24 weights: prompt chunks, never decode batches
+    ("triton", 256, 3072, 2048, True), ("gemm", 128, 3072, 2048, False),
+    ("gemm", 255, 2048, 2048, False), ("triton", 256, 2048, 2048, True),
     ("triton", 4096, 2048, 4096, True), ("triton", 4096, 4096, 4096, False),
-    # layers past 2^22 weights keep the GEMM at any length
+    # layers of 2^24 weights and more keep the GEMM at any length
     ("gemm", 8192, 4096, 4096, False), ("gemm", 8192, 4096, 1024, True),
     # the GEMV and the phased kernel are never replaced
-    ("gemv", 1024, 2048, 2048, False), ("small_phased", 1024, 576, 1536, False),
+    ("gemv", 1024, 4096, 4096, False), ("small_phased", 1024, 576, 1536, False),
 ])
 def test_dequantize_rule(kernel_name, m, n, k, takes):
     assert takes_dequantize_route(kernel_name, m, n, k, BF16) is takes

@@ -11,7 +11,7 @@ X_SMEM_CHUNKS = 64  # x staged per program: at most 16 KB of bf16 at 128 element
 
 def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     """The config for an [m, k] x [n, k]^T product, or None where another kernel runs:
-    more than 8 tokens, layers under 2^23 weights, K not a multiple of 128.
+    more than 8 tokens, layers under 2^22 weights, K not a multiple of 128.
     - one token on 2048 to 4096 rows with K up to 4096, or up to 8192 where the staged-x
       form below would split K fewer than 8 ways: K split across the warps of a program
       (SLICES), 8 warps where K makes 8 slices of four-chunk groups, else 4; 16 rows a
@@ -20,13 +20,14 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
     - other single tokens: x staged in shared memory (X_SMEM), 64 rows on 4 warps a
       program, K split until there are about four programs per SM, and fewer rows a
       program where that evens out the SMs (_even_rows);
-    - two to 8 tokens: 128 rows on 8 warps per program and K split until there are about
-      two programs (16 warps) per SM; 16 tokens (two MMA columns of 8) would be slower
+    - two to 8 tokens: 128 rows on 8 warps per program (64 on 4 on layers under 2^24
+      weights, whose 128-row tiles are too few) and K split until there are about two
+      programs per SM; 16 tokens (two MMA columns of 8) would be slower
       than the Triton kernel, which takes them;
     - K in whole chunks of 128 but not whole four-chunk groups per split (RAGGED, e.g.
       Llama-2's 11008 = 86 chunks): uneven splits by the same rule, their last group
       partly masked."""
-    if m > 8 or n * k < 2**23:
+    if m > 8 or n * k < 2**22:
         return None
     return layer_config(m, n, k, sms)
 
@@ -51,7 +52,10 @@ def layer_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
                     return cfg
         if staged is not None:
             return _even_rows(staged, n, sms)
-    cfg = dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8)
+    if n * k < 2**24:  # Llama-3.2-1B's q/k/v and o: 2048 x 2048 at 4 tokens 4.9 us, not 5.5
+        cfg = dict(BN=64, BM=8, NBYTES=16, SPLIT_K=1, num_warps=4)
+    else:
+        cfg = dict(BN=128, BM=8, NBYTES=16, SPLIT_K=1, num_warps=8)
     if not fits(m, k, cfg):
         cfg["RAGGED"] = True  # e.g. K = 11008, 86 chunks: uneven splits
         if not fits(m, k, cfg):

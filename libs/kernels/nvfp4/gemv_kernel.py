@@ -1,6 +1,6 @@
 """NVFP4 weight-only linear for a few tokens in Gluon, on `mma.sync` tensor cores.
 
-The routing table (routing.py) sends it at most 8 tokens on layers of at least 2^23
+The routing table (routing.py) sends it at most 8 tokens on layers of at least 2^22
 weights with K a multiple of 128 (gemv_configs.pick_config).
 
 Why a kernel of its own: the Triton kernel uses Hopper's warpgroup MMA, whose A operand

@@ -6,15 +6,16 @@ addresses (Operands), without Triton, so the table is tested everywhere
 plan for; prepared.py once per x signature.
 
 W is [N, K] (N output rows, K inputs), x is [M, K]: M tokens. A small layer has fewer than
-2^22 weights (SmolLM2-135M's are 576 x 576 to 3072 x 576 and 576 x 1536), a large one 2^24
-or more (Llama-8B's 4096 x 4096 and up). The rows are tried in order; the first kernel
-whose config function takes the call, and that can read the operands, runs it:
+2^22 weights (SmolLM2-135M's are 576 x 576 to 3072 x 576 and 576 x 1536), a mid-sized one
+2^22 to 2^24 (Llama-3.2-1B's q/k/v, 3072 x 2048, and o, 2048 x 2048), a large one 2^24 or
+more (Llama-8B's 4096 x 4096 and up). The rows are tried in order; the first kernel whose
+config function takes the call, and that can read the operands, runs it:
 
-1. gemv (gemv_kernel.py): 1-8 tokens on layers of at least 2^23 weights, K a multiple of
+1. gemv (gemv_kernel.py): 1-8 tokens on layers of at least 2^22 weights, K a multiple of
    128. The weight stream is the whole cost; mma.sync on registers needs no barrier and
    no wait between K steps, where the Triton kernel's wgmma waits each step. 8192 x 28672
    at M = 1: ~39 us on an H200, against ~60 us for the Triton kernel and ~115 us for
-   torch's bf16 GEMV.
+   torch's bf16 GEMV; 2048 x 2048 on an H100: 3.5 us against 5.6 (Triton) and 6.3 (torch).
 2. small (small_kernel.py): small layers with K a multiple of 64 up to
    small_configs.MAX_K (576: all of SmolLM2-135M's but the down projection), any token
    count. Latency-bound: every load of a program is issued at once, its weights decoded
@@ -26,24 +27,24 @@ whose config function takes the call, and that can read the operands, runs it:
    memory beside the decoded weights, so it streams through a ring: 576 x 1536 at 64-256
    tokens in ~5.0-5.1 us (torch ~5.1-5.2).
 4. gemm (gemm_kernel.py): 17 tokens and more on large layers (N a multiple of 8, K of
-   256), and small layers past 128 tokens that rows 2-3 decline (SmolLM2's down
-   projection from 449 tokens). Tensor-core work: a warp-specialized kernel whose MMA
-   warpgroup decodes the next step while its wgmma runs. 8192 x 28672 at M = 256 in
-   ~155 us (torch 171-175 us).
-5. triton (triton_kernel.py): everything else: 9-16 tokens on large layers, layers of
-   2^22 to 2^24 weights (1024 x 4096, 2048 x 2048), few tokens on small layers with
-   long K (few_tokens: SmolLM2's down projection up to 32 tokens), long_and_light, and
-   operands the Gluon kernels cannot read (misaligned views). It takes any shape and
-   alignment; at 9-16 tokens on large layers it streams the weights faster than the
-   GEMV's two MMA columns or the GEMM.
-Then the override, dequantize (linear.dequantize_linear): bf16 x on layers of at most
-   2^22 weights, from the tokens and multiply-adds FROM names for the kernel rows 1-5
-   picked (small, gemm, triton). The kernels decode every weight once per token tile; for
-   a long prompt, dequantizing once into a bf16 scratch weight (at most 8 MB) and calling
-   cuBLAS is faster, and its output is reference.linear's bit for bit. fp16 keeps the
-   kernels: w * s2 rounded to fp16 can fall into its subnormals, where the kernels keep
-   the weights exact. Layers of 2^22 to 2^24 weights, which only the Triton kernel
-   serves, take the route from 256 tokens (prompt chunks), never at decode batches.
+   256), 17-255 tokens on mid-sized ones (decode batches), and small layers past 128
+   tokens that rows 2-3 decline (SmolLM2's down projection from 449 tokens). Tensor-core
+   work: a warp-specialized kernel whose MMA warpgroup decodes the next step while its
+   wgmma runs. 8192 x 28672 at M = 256 in ~155 us (torch 171-175 us).
+5. triton (triton_kernel.py): everything else: 9-16 tokens on large and mid-sized
+   layers, few tokens on small layers with long K (few_tokens: SmolLM2's down projection
+   up to 32 tokens), long_and_light, and operands the Gluon kernels cannot read
+   (misaligned views). It takes any shape and alignment; at 9-16 tokens it streams the
+   weights faster than the GEMV's two MMA columns or the GEMM.
+Then the override, dequantize (linear.dequantize_linear): bf16 x on layers under 2^22
+   weights, from the tokens and multiply-adds FROM names for the kernel rows 1-5 picked
+   (small, gemm, triton). The kernels decode every weight once per token tile; for a long
+   prompt, dequantizing once into a bf16 scratch weight (under 8 MB) and calling cuBLAS
+   is faster, and its output is reference.linear's bit for bit. fp16 keeps the kernels:
+   w * s2 rounded to fp16 can fall into its subnormals, where the kernels keep the
+   weights exact. Mid-sized layers take the route from 256 tokens (prompt chunks, a
+   scratch weight of at most 32 MB), never at decode batches: there the GEMV and the GEMM
+   read 3.6x fewer bytes than the scratch weight written and read back.
 
 x in fp32 never reaches the table: linear.py dequantizes to fp32 and calls torch's matmul
 (the fp32 tensor cores would round x to tf32, and fp32 is not a serving dtype).
@@ -129,7 +130,7 @@ def _kernel(m: int, n: int, k: int, sms: int, ops: Operands,
     return "triton", triton_configs.pick_config(m, n, k, sms)
 
 
-# The override: at most this many weights (a bf16 scratch weight of at most 8 MB). Past
+# The override: layers under this many weights (a bf16 scratch weight under 8 MB). Past
 # it, large layers keep the GEMM: dequantizing there gains little, only from 2048 tokens,
 # for a scratch weight of tens of MB.
 MAX_WEIGHTS = 1 << 22
@@ -137,12 +138,10 @@ MAX_WEIGHTS = 1 << 22
 # GEMV (at most 8 tokens) and the phased kernel (up to 256 tokens, where dequantize is
 # slower) keep their calls.
 FROM = {"small": (512, 1 << 29), "gemm": (1024, 1 << 29), "triton": (32, 1 << 27)}
-# Layers of 2^22 to 2^24 weights (Llama-3.2-1B's fused q/k/v, 3072 x 2048) have no
-# Gluon kernel: every token count runs the Triton kernel, which decodes the weights again
-# for each token tile. Prompt chunks (256 tokens and up, the prefill's chunk) take
-# dequantize + cuBLAS there (a scratch weight of at most 32 MB), so NVFP4 costs no TTFT;
-# decode batches (up to 128 in the decode graphs) keep the kernel, which reads 3.6x fewer
-# bytes than the dequantize route's bf16 scratch written and read back.
+# Mid-sized layers (2^22 to 2^24 weights: Llama-3.2-1B's q/k/v and o) run the GEMV, the
+# Triton kernel or the GEMM at decode batches (up to 128 in the decode graphs, 255 here);
+# prompt chunks (256 tokens and up, the prefill's chunk) take dequantize + cuBLAS, so
+# NVFP4 costs no TTFT.
 MAX_MID_WEIGHTS = 1 << 24  # exclusive: from 2^24 the GEMM serves prompts
 MID_LAYER_FROM = 256
 
@@ -152,7 +151,7 @@ def takes_dequantize_route(kernel: str, m: int, n: int, k: int, dtype: torch.dty
     dequantize + cuBLAS instead (the table's override)."""
     if dtype != torch.bfloat16:
         return False
-    if kernel == "triton" and MAX_WEIGHTS < n * k < MAX_MID_WEIGHTS:
+    if MAX_WEIGHTS <= n * k < MAX_MID_WEIGHTS:
         return m >= MID_LAYER_FROM
     min_tokens, min_macs = FROM.get(kernel, (math.inf, math.inf))
-    return n * k <= MAX_WEIGHTS and m >= min_tokens and m * n * k >= min_macs
+    return n * k < MAX_WEIGHTS and m >= min_tokens and m * n * k >= min_macs
