@@ -9,7 +9,7 @@ from rules measured on some shapes; this script times the alternatives on others
 each shape and token count it times, in nvfp4_kernels_bench's harness (CUDA graphs of
 back-to-back calls over enough weight copies that every call reads HBM):
 
-- torch's bf16 F.linear (the baseline) and the call as routed today;
+- torch's bf16 F.linear (the baseline) and the call as routed;
 - the GEMV (gemv_kernel.py, up to 8 tokens) in the config its rules give past their guard
   on the layer's size (gemv_configs.layer_config) and in neighbouring tiles, K splits,
   K slices and x staging;
@@ -130,8 +130,11 @@ def sweep_row(label: str, n: int, k: int, m: int, weights: Weights, sms: int) ->
     t_bf16 = graph_time_ms([(lambda w=ws[i % weights.n_bf16]: torch.nn.functional.linear(x, w))
                             for i in range(reps)]) * 1e3
     routed = linear.route(x, qs[0][0], qs[0][1], outs[0])
+    cands = candidates(m, n, k, sms)
+    if routed not in cands:  # the route's own pick is always timed
+        cands.insert(0, routed)
     rows = []
-    for kernel, cfg in candidates(m, n, k, sms):
+    for kernel, cfg in cands:
         row = dict(kernel=kernel, config=cfg, routed=(kernel, cfg) == routed)
         try:
             got = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)

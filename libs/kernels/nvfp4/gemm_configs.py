@@ -115,16 +115,21 @@ def _small_layer_config(m: int, n: int, k: int, sms: int) -> dict | None:
     return cfg if fits(m, k, cfg) else None
 
 
+# Mid-sized layers' prompt chunks (this many tokens and more) take routing's dequantize
+# route, so _mid_layer_config declines them.
+MID_LAYER_FROM = 256
+
+
 def _mid_layer_config(m: int, n: int, k: int, sms: int) -> dict | None:
     """Layers of 2^22 to 2^24 weights (Llama-3.2-1B's q/k/v, 3072 x 2048, and o, 2048 x
-    2048) at decode batches of 17-255 tokens; prompt chunks (256 and more) take the
-    dequantize route (routing.MID_LAYER_FROM). These layers make few 64-row tiles, so the
-    token tile is the largest that still gives about two thirds of the SMs a tile, at
-    least 16, and K stays whole (the split's sum costs more than its spread gains). On
-    one H100, 3072 x 2048 at 32 / 64 / 128 tokens: 7.7 / 8.1 / 8.6 us, against 7.8-10.5 us
-    in the large-layer config's bigger tiles and K splits, 20 us and up for the Triton
-    kernel and 11-12 us for dequantize + cuBLAS."""
-    if m >= 256:
+    2048) at decode batches of 17-255 tokens; prompt chunks (MID_LAYER_FROM and more) take
+    the dequantize route. These layers make few 64-row tiles, so the token tile is the
+    largest that still gives about two thirds of the SMs a tile, at least 16, and K stays
+    whole (the split's sum costs more than its spread gains). On one H100, 3072 x 2048 at
+    32 / 64 / 128 tokens: 7.7 / 8.1 / 8.6 us, against 7.8-10.5 us in the large-layer
+    config's bigger tiles and K splits, 20 us and up for the Triton kernel and 11-12 us
+    for dequantize + cuBLAS."""
+    if m >= MID_LAYER_FROM:
         return None
     rows = cdiv(n, 64)
     bm = next((b for b in (128, 64, 32) if b < 2 * m and 3 * rows * cdiv(m, b) >= 2 * sms), 16)

@@ -22,8 +22,8 @@ def pick_config(m: int, n: int, k: int, sms: int = 132) -> dict | None:
       program where that evens out the SMs (_even_rows);
     - two to 8 tokens: 128 rows on 8 warps per program (64 on 4 on layers under 2^24
       weights, whose 128-row tiles are too few) and K split until there are about two
-      programs per SM; 16 tokens (two MMA columns of 8) would be slower
-      than the Triton kernel, which takes them;
+      programs per SM; 16 tokens (two MMA columns of 8) would be slower than the Triton
+      kernel, which takes them;
     - K in whole chunks of 128 but not whole four-chunk groups per split (RAGGED, e.g.
       Llama-2's 11008 = 86 chunks): uneven splits by the same rule, their last group
       partly masked."""

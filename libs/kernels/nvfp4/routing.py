@@ -143,7 +143,7 @@ FROM = {"small": (512, 1 << 29), "gemm": (1024, 1 << 29), "triton": (32, 1 << 27
 # prompt chunks (256 tokens and up, the prefill's chunk) take dequantize + cuBLAS, so
 # NVFP4 costs no TTFT.
 MAX_MID_WEIGHTS = 1 << 24  # exclusive: from 2^24 the GEMM serves prompts
-MID_LAYER_FROM = 256
+MID_LAYER_FROM = gemm_configs.MID_LAYER_FROM
 
 
 def takes_dequantize_route(kernel: str, m: int, n: int, k: int, dtype: torch.dtype) -> bool:
