@@ -171,16 +171,25 @@ def weight_copies(n: int, k: int, count: int):
     return ws, qs
 
 
+class StreamedWeights:
+    """One [n, k] shape's bf16 weights and NVFP4 quantizations: enough copies of each that a
+    graph of `reps` calls cycling over them (n_bf16 and n_fp4 apart) reads every call's
+    weight from HBM, not L2."""
+
+    def __init__(self, n: int, k: int):
+        self.nvfp4_bytes = n * k // 2 + n * k // 16
+        self.n_bf16 = max(1, math.ceil(L2_FLUSH_BYTES / (n * k * 2)))
+        self.n_fp4 = max(2, math.ceil(L2_FLUSH_BYTES / self.nvfp4_bytes))
+        self.reps = max(self.n_bf16, self.n_fp4, 8)
+        self.ws, self.qs = weight_copies(n, k, max(self.n_bf16, self.n_fp4))
+
+
 def linear_bench(shapes, ms_list, results: dict, rounds: int = 1) -> list[str]:
     rows = []
     for label, n, k in shapes:
-        bf16_bytes = n * k * 2
-        fp4_bytes = n * k // 2 + n * k // 16
-        n_bf16 = max(1, math.ceil(L2_FLUSH_BYTES / bf16_bytes))
-        n_fp4 = max(2, math.ceil(L2_FLUSH_BYTES / fp4_bytes))
-        copies = max(n_bf16, n_fp4)
-        reps_per_graph = max(copies, 8)
-        ws, qs = weight_copies(n, k, copies)
+        weights = StreamedWeights(n, k)
+        ws, qs, reps_per_graph = weights.ws, weights.qs, weights.reps
+        n_bf16, n_fp4, fp4_bytes = weights.n_bf16, weights.n_fp4, weights.nvfp4_bytes
         for m in ms_list:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             # correctness spot check against the reference on the first copy

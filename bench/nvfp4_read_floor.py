@@ -36,7 +36,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from bench.nvfp4_kernels_bench import L2_FLUSH_BYTES, graph_time_ms, weight_copies
+from bench.nvfp4_kernels_bench import StreamedWeights, graph_time_ms
 from libs.kernels.nvfp4 import triton_impl
 
 BOX_BYTES = 256  # a TMA box's inner extent: at most 256 elements
@@ -135,12 +135,10 @@ def read_calls(qs, reps, rows, slots, out):
 
 def floor_shape(n: int, k: int, rounds: int) -> dict:
     """Every variant on an [n, k] weight at one token, `rounds` interleaved rounds."""
-    fp4_bytes = n * k // 2 + n * k // 16
-    n_fp4 = max(2, math.ceil(L2_FLUSH_BYTES / fp4_bytes))
-    n_bf16 = max(1, math.ceil(L2_FLUSH_BYTES / (n * k * 2)))
-    reps = max(n_fp4, n_bf16, 8)
-    ws, qs = weight_copies(n, k, max(n_fp4, n_bf16))
-    qs = qs[:n_fp4]
+    weights = StreamedWeights(n, k)
+    fp4_bytes, n_fp4, n_bf16, reps = (weights.nvfp4_bytes, weights.n_fp4, weights.n_bf16,
+                                      weights.reps)
+    ws, qs = weights.ws, weights.qs[:n_fp4]
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(8192 * 32, device="cuda", dtype=torch.int32)
     variants = {

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
 
 import torch
 
-from bench.nvfp4_kernels_bench import L2_FLUSH_BYTES, SHAPES, graph_time_ms, weight_copies
+from bench.nvfp4_kernels_bench import SHAPES, StreamedWeights, graph_time_ms
 from libs.kernels.nvfp4 import gemm_configs, gemv_configs, linear, triton_configs
 from libs.kernels.nvfp4.common import sm_count
 from libs.kernels.nvfp4.grid import cdiv
@@ -109,19 +108,7 @@ def _call(kernel: str, cfg: dict, x, q, out):
     return lambda: module.launch(x, packed, scales, s2, None, out, cfg)
 
 
-class Weights:
-    """One shape's bf16 weights and NVFP4 quantizations, enough copies that a graph of
-    calls cycling over them reads every call's weight from HBM (nvfp4_kernels_bench)."""
-
-    def __init__(self, n: int, k: int):
-        self.nvfp4_bytes = n * k // 2 + n * k // 16
-        self.n_bf16 = max(1, math.ceil(L2_FLUSH_BYTES / (n * k * 2)))
-        self.n_fp4 = max(2, math.ceil(L2_FLUSH_BYTES / self.nvfp4_bytes))
-        self.reps = max(self.n_bf16, self.n_fp4, 8)
-        self.ws, self.qs = weight_copies(n, k, max(self.n_bf16, self.n_fp4))
-
-
-def sweep_row(label: str, n: int, k: int, m: int, weights: Weights, sms: int) -> dict:
+def sweep_row(label: str, n: int, k: int, m: int, weights: StreamedWeights, sms: int) -> dict:
     """Every candidate for [m, k] x [n, k]^T timed (or its error), with torch's bf16."""
     ws, qs, reps = weights.ws, weights.qs, weights.reps
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -217,7 +204,7 @@ def main(argv=None) -> int:
                 write()
                 return 0
             if label not in weights:
-                weights[label] = Weights(n, k)
+                weights[label] = StreamedWeights(n, k)
             results.append(sweep_row(label, n, k, m, weights[label], sms))
             write()
             print_row(results[-1])

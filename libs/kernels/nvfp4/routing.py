@@ -140,10 +140,9 @@ MAX_WEIGHTS = 1 << 22
 FROM = {"small": (512, 1 << 29), "gemm": (1024, 1 << 29), "triton": (32, 1 << 27)}
 # Mid-sized layers (2^22 to 2^24 weights: Llama-3.2-1B's q/k/v and o) run the GEMV, the
 # Triton kernel or the GEMM at decode batches (up to 128 in the decode graphs, 255 here);
-# prompt chunks (256 tokens and up, the prefill's chunk) take dequantize + cuBLAS, so
-# NVFP4 costs no TTFT.
+# prompt chunks (gemm_configs.MID_LAYER_FROM, 256 tokens and up, the prefill's chunk)
+# take dequantize + cuBLAS, so NVFP4 costs no TTFT.
 MAX_MID_WEIGHTS = 1 << 24  # exclusive: from 2^24 the GEMM serves prompts
-MID_LAYER_FROM = gemm_configs.MID_LAYER_FROM
 
 
 def takes_dequantize_route(kernel: str, m: int, n: int, k: int, dtype: torch.dtype) -> bool:
@@ -152,6 +151,6 @@ def takes_dequantize_route(kernel: str, m: int, n: int, k: int, dtype: torch.dty
     if dtype != torch.bfloat16:
         return False
     if MAX_WEIGHTS <= n * k < MAX_MID_WEIGHTS:
-        return m >= MID_LAYER_FROM
+        return m >= gemm_configs.MID_LAYER_FROM
     min_tokens, min_macs = FROM.get(kernel, (math.inf, math.inf))
     return n * k < MAX_WEIGHTS and m >= min_tokens and m * n * k >= min_macs
