@@ -172,9 +172,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="decode batches of the engine-level sweep (1,2,...,128)")
     suite.add_argument("--sweep-context", type=int, default=512,
                        help="context of the sweep's sequences, tokens (512)")
-    suite.add_argument("--sweep-steps", type=int, default=32, help="timed steps a batch (32)")
+    suite.add_argument("--sweep-steps", type=int, default=32, help="timed steps a run (32)")
+    suite.add_argument("--sweep-rounds", type=int, default=5,
+                       help="runs of --sweep-steps a batch; the fastest is reported (5)")
     suite.add_argument("--ttft-lens", default="1024,8192", metavar="N[,N...]",
                        help="prompt tokens of the TTFT rows (1024,8192)")
+    suite.add_argument("--ttft-reps", type=int, default=10,
+                       help="requests, one at a time, a TTFT row takes the lowest of (10; "
+                       "--reps if larger): a prompt costs tens of ms, a host stall as much")
     suite.add_argument("--kv-prompt-tokens", type=int, default=8192,
                        help="the prompt whose KV is moved native and NVFP4 (8192)")
     suite.add_argument("--agreement-prompts", type=int, default=3,

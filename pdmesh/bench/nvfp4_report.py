@@ -29,7 +29,8 @@ def markdown(r: dict) -> str:
         f"torch {r['torch']})", "",
         f"Read bandwidth (torch bf16 matrix-vector product {bw.get('shape')}, same run): "
         f"{_f(bw.get('gb_s'))} GB/s. Prefill chunk: "
-        f"{r['sizes']['chunk_tokens'] or 'the prefill default'} tokens.",
+        f"{r['sizes']['chunk_tokens'] or 'the prefill default'} tokens.", "",
+        _method(r["sizes"]),
         "", f"| figure | native ({r['dtype']}) | NVFP4 | NVFP4 / native |", "|---|---|---|---|",
     ]
 
@@ -98,6 +99,16 @@ def markdown(r: dict) -> str:
     if r.get("errors"):
         lines += ["", f"FAILED phases: {', '.join(r['errors'])} (tracebacks in the JSON)."]
     return "\n".join(lines) + "\n"
+
+
+def _method(sizes: dict) -> str:
+    """How each kind of row was taken (older JSON lacks the counts: a shorter line)."""
+    if "ttft_reps" not in sizes:
+        return "Mesh rows: the best of --reps runs."
+    return (f"Mesh decode rows: the best of {sizes['reps']} runs; TTFT rows: the lowest of "
+            f"{sizes['ttft_reps']} requests, one at a time; engine rows: the fastest of "
+            f"{sizes['sweep_rounds']} runs of {sizes['sweep_steps']} overlapped steps at a "
+            f"context of {sizes['sweep_context']} tokens.")
 
 
 def _scaled(v, k: float):

@@ -11,11 +11,13 @@ beside it) when it ends, so a run cut short keeps what it measured:
    with each format's bytes read per decode step, the weight-read limit in tokens/s.
 2. a mesh per weight format (`pdmesh up --weights native|nvfp4`, --kv-transfer native):
    decode tokens/s at each of --batches (streams of --suite-tokens new tokens after a
-   short prompt; batch 1 against the limit), TTFT of each of --ttft-lens, the KV moved by
-   the --kv-prompt-tokens prompt, and (native only) the greedy tokens of
-   --agreement-prompts prompts of that length.
+   short prompt, the best of --reps runs; batch 1 against the limit), TTFT of each of
+   --ttft-lens (the lowest of --ttft-reps requests, one at a time: a request is tens of
+   ms, and a host stall costs as much), the KV moved by the --kv-prompt-tokens prompt,
+   and (native only) the greedy tokens of --agreement-prompts prompts of that length.
 3. the engine in this process, per format: decode tokens/s at each of --sweep batch
-   sizes (engine level: a mesh per batch size would not fit the run's time), and greedy
+   sizes (engine level: a mesh per batch size would not fit the run's time; the fastest
+   of --sweep-rounds runs of steps overlapped as the decode service's are), and greedy
    tokens through the CUDA graphs against the eager path.
 4. unless --skip-kv, a mesh with native weights and --kv-transfer nvfp4: the same long
    prompt's KV moved, and the same greedy prompts, compared token by token with the
@@ -111,7 +113,9 @@ class Suite:
                       "kv_prompt_tokens": args.kv_prompt_tokens,
                       "agreement_prompts": args.agreement_prompts,
                       "agreement_tokens": args.agreement_tokens,
-                      "chunk_tokens": self.chunk_tokens()},
+                      "chunk_tokens": self.chunk_tokens(), "reps": args.reps,
+                      "ttft_reps": self.ttft_reps(), "sweep_context": args.sweep_context,
+                      "sweep_steps": args.sweep_steps, "sweep_rounds": args.sweep_rounds},
             "time_budget_s": args.time_budget, "skipped": [], "errors": {},
             "limits": {}, "mesh": {}, "kv": {}, "engine": {},
         }
@@ -227,14 +231,16 @@ class Suite:
                     "stream_decode_tok_s_p50": got["stream_decode_tok_s"].get("p50")}
                 log(f"{weights} weights, batch {b}: {got['decode_tok_s'] or 0:,.1f} tok/s")
             figures["ttft_s"] = {}
+            figures["ttft_runs_s"] = {}
             for n, req in long.items():
-                got, spent = self.best(side, Workload(f"ttft {n}", [req], 1))
+                got, spent = self.best(side, Workload(f"ttft {n}", [req], 1), self.ttft_reps())
                 figures["ttft_s"][str(n)] = got["ttft_s"].get("p50")
+                figures["ttft_runs_s"][str(n)] = got["runs"]
                 if n == a.kv_prompt_tokens:
                     figures["kv_transfer"] = spent["kv_transfer"]
         else:
             req = long[a.kv_prompt_tokens]
-            got, spent = self.best(side, Workload("kv prompt", [req], 1))
+            got, spent = self.best(side, Workload("kv prompt", [req], 1), self.ttft_reps())
             figures["ttft_s"] = {str(a.kv_prompt_tokens): got["ttft_s"].get("p50")}
             figures["kv_transfer"] = spent["kv_transfer"]
         if weights == "native" and not a.skip_kv:  # the reference the NVFP4 KV meets
@@ -273,15 +279,20 @@ class Suite:
         with Progress(f"mesh {workload.name}", len(workload.requests)) as progress:
             return side.serve(workload, progress)
 
-    def best(self, side, workload: Workload) -> tuple[dict, dict]:
-        """The best of --reps runs (rates highest, TTFT lowest) and that run's spend."""
+    def ttft_reps(self) -> int:
+        return max(self.args.reps, self.args.ttft_reps)
+
+    def best(self, side, workload: Workload, reps: int | None = None) -> tuple[dict, dict]:
+        """The best of --reps (or `reps`) runs (rates highest, TTFT lowest) and that run's
+        spend; a TTFT's summary also lists every run's TTFT ("runs")."""
         runs = []
-        for _ in range(self.args.reps):
+        for _ in range(reps or self.args.reps):
             records, spent = self.serve(side, workload)
             runs.append((summarize(records, [r.output_tokens for r in workload.requests]),
                          spent))
         if workload.requests[0].output_tokens == 1:
-            return min(runs, key=lambda r: r[0]["ttft_s"].get("p50") or float("inf"))
+            got, spent = min(runs, key=lambda r: r[0]["ttft_s"].get("p50") or float("inf"))
+            return got | {"runs": [r[0]["ttft_s"].get("p50") for r in runs]}, spent
         return max(runs, key=lambda r: r[0]["decode_tok_s"] or 0.0)
 
     def engine_phase(self, fmt: str) -> None:
@@ -289,7 +300,8 @@ class Suite:
         with torch.inference_mode():
             self.result["engine"][fmt] = nvfp4_engine.engine_phase(
                 a.model, self.device, self.dtype, fmt, ints(a.sweep), context=a.sweep_context,
-                steps=a.sweep_steps, graph_check_tokens=a.agreement_tokens)
+                steps=a.sweep_steps, graph_check_tokens=a.agreement_tokens,
+                rounds=a.sweep_rounds)
 
 
 def agreement_lengths(ours: list[list[int]], theirs: list[list[int]]) -> list[int]:
