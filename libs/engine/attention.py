@@ -70,6 +70,24 @@ class DecodeAttention:
         self.kv_len = j.numel()
         self.flat = cache.view(-1, d)
 
+    @property
+    def fuses_rope(self) -> bool:
+        """Whether `rope_and_attend` runs (the CUDA kernels, a power-of-two head_dim)."""
+        d = self.cache.shape[-1]
+        return self.cache.is_cuda and d & (d - 1) == 0
+
+    def rope_and_attend(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        layer: int, n_heads: int) -> torch.Tensor:
+        """RoPE on qkv [B, (H + 2 Hkv) * D]'s q and k, the KV write and the attention,
+        [B, H * D]: `__call__` after fused_layer.rope_qk, with the same bits, in one
+        kernel less (paged_attention.rope_store_kv). Only where `fuses_rope`."""
+        kernels = self._kernels
+        q = kernels.rope_store_kv(qkv, cos, sin, self.cache, layer, self.table,
+                                  self.lengths, n_heads)
+        out = kernels.paged_decode_attention(q, self.cache, layer, self.table, self.lengths,
+                                             self.splits)
+        return out.view(q.shape[0], -1)
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  layer: int) -> torch.Tensor:
         b, h, d = q.shape

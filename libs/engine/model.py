@@ -3,7 +3,8 @@
 q/k/v are fused into one ``wqkv`` matrix and gate/up into ``w_gate_up`` so that a layer does
 three big matmuls instead of six small ones; on CPU that is most of decode's time. On CUDA
 the elementwise math between them runs as one Triton kernel per piece (residual add with
-RMSNorm, RoPE on q and k, SiLU * up: libs/kernels/fused_layer.py), since there a decode
+RMSNorm, RoPE on q and k, SiLU * up: libs/kernels/fused_layer.py; a decode step's RoPE
+and KV write are one kernel, libs/kernels/paged_attention.py), since there a decode
 step's cost is mostly its number of kernels; the torch ops here are the CPU path and the
 reference those kernels are tested against.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .attention import DecodeAttention
 from .config import ModelConfig
 from .nvfp4 import Linear, Nvfp4Weight, linear
 
@@ -217,6 +219,9 @@ def attention_block(h: torch.Tensor, lw: LayerWeights, c: ModelConfig, cos: torc
     hold each row's position, broadcasting over heads ([B, 1, D] or [1, T, 1, D])."""
     qkv = linear(h, lw.wqkv)
     lead, d = qkv.shape[:-1], c.head_dim
+    if _fused(qkv) and isinstance(attend, DecodeAttention) and attend.fuses_rope:
+        # a decode step on the GPU: RoPE and the KV write in one kernel
+        return linear(attend.rope_and_attend(qkv, cos, sin, layer, c.n_heads), lw.wo)
     if _fused(qkv) and d & (d - 1) == 0:  # the kernel's halves are power-of-two blocks
         from libs.kernels import fused_layer
 

@@ -7,7 +7,9 @@ Here each is one launch:
 
 - `add_rms_norm`: the residual add and the RMSNorm that follows it (``x + delta`` is
   written back, and its norm returned); `rms_norm` without the add.
-- `rope_qk`: RoPE on the q and k heads of a fused qkv row, into new contiguous q and k.
+- `rope_qk`: RoPE on the q and k heads of a fused qkv row, into new contiguous q and k
+  (prefill's; a decode step's RoPE is fused with its KV write, paged_attention.py, through
+  the same `rope_head`).
 - `silu_mul`: ``silu(gate) * up`` of a fused gate/up row.
 
 Each rounds where the torch reference (libs/engine/model.py) rounds, so that the results
@@ -80,23 +82,33 @@ def _launch_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
 
 
 @triton.jit
+def rope_head(src, cs_offset, cos_ptr, sin_ptr, D: tl.constexpr):
+    """One head of D values at `src` under RoPE (HF rotate_half layout) with the cos/sin
+    row at `cs_offset`: its two halves, in the head's dtype. Each product is rounded to
+    the dtype before the sum, as torch rounds x * cos + rotate_half(x) * sin. Shared with
+    the decode step's rope-and-store kernel (paged_attention.rope_store_kv)."""
+    half = tl.arange(0, D // 2)
+    x1 = tl.load(src + half)
+    x2 = tl.load(src + D // 2 + half)
+    c1 = tl.load(cos_ptr + cs_offset + half).to(tl.float32)
+    c2 = tl.load(cos_ptr + cs_offset + D // 2 + half).to(tl.float32)
+    s1 = tl.load(sin_ptr + cs_offset + half).to(tl.float32)
+    s2 = tl.load(sin_ptr + cs_offset + D // 2 + half).to(tl.float32)
+    dt = x1.dtype
+    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    o1 = ((x1f * c1).to(dt).to(tl.float32) + (-x2f * s1).to(dt).to(tl.float32)).to(dt)
+    o2 = ((x2f * c2).to(dt).to(tl.float32) + (x1f * s2).to(dt).to(tl.float32)).to(dt)
+    return o1, o2
+
+
+@triton.jit
 def _rope_kernel(qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, stride_row, stride_cs,
                  H: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)  # q heads first, then k heads, as in the fused qkv row
     half = tl.arange(0, D // 2)
-    src = qkv_ptr + row * stride_row + head * D
-    x1 = tl.load(src + half)
-    x2 = tl.load(src + D // 2 + half)
-    c1 = tl.load(cos_ptr + row * stride_cs + half).to(tl.float32)
-    c2 = tl.load(cos_ptr + row * stride_cs + D // 2 + half).to(tl.float32)
-    s1 = tl.load(sin_ptr + row * stride_cs + half).to(tl.float32)
-    s2 = tl.load(sin_ptr + row * stride_cs + D // 2 + half).to(tl.float32)
-    dt = x1.dtype
-    x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
-    # x * cos + rotate_half(x) * sin, each product rounded as torch rounds it.
-    o1 = ((x1f * c1).to(dt).to(tl.float32) + (-x2f * s1).to(dt).to(tl.float32)).to(dt)
-    o2 = ((x2f * c2).to(dt).to(tl.float32) + (x1f * s2).to(dt).to(tl.float32)).to(dt)
+    o1, o2 = rope_head(qkv_ptr + row * stride_row + head * D, row * stride_cs, cos_ptr,
+                       sin_ptr, D)
     if head < H:
         dst = q_ptr + (row * H + head) * D
     else:

@@ -168,3 +168,45 @@ def test_gpu_smoke_paged_attention():
         got_cache, got = _run_kernels(cache, table, lens, q, k, v, layer=0, splits=splits)
         assert torch.equal(got_cache, ref_cache)
         torch.testing.assert_close(got[:2].float(), ref[:2].float(), atol=2e-2, rtol=2e-2)
+
+
+@kernels
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "ps{}-kv{}-g{}-d{}-{}".format(*c))
+def test_rope_store_is_rope_then_store_bit_for_bit(case):
+    """The fused decode-step kernel against fused_layer.rope_qk then store_kv: the same q,
+    the same pool after (a padding row writes nothing, every other slot is untouched)."""
+    from libs.kernels import fused_layer
+
+    page_size, hkv, group, d, dtype = case
+    lengths = [1, 37, 0, 70, page_size]
+    cache, table, lens, q, k, v = _step(page_size, hkv, group, d, lengths, dtype, seed=3)
+    h = hkv * group
+    g = torch.Generator().manual_seed(4)
+    qkv = torch.randn(len(lengths), (h + 2 * hkv) * d, generator=g).to(dtype)
+    angle = torch.rand(len(lengths), 1, d // 2, generator=g) * 6
+    cos = torch.cat([angle.cos(), angle.cos()], -1).to(dtype)  # [B, 1, D], as decode's
+    sin = torch.cat([angle.sin(), angle.sin()], -1).to(dtype)
+    to = {"device": DEVICE}
+    cache, table, lens = cache.to(**to), table.to(**to), lens.to(**to)
+    qkv, cos, sin = qkv.to(**to), cos.to(**to), sin.to(**to)
+    want_cache = cache.clone()
+    want_q, want_k = fused_layer.rope_qk(qkv, cos, sin, h, hkv, d)
+    v = qkv[:, (h + hkv) * d:].view(len(lengths), hkv, d)
+    pa.store_kv(want_k, v, want_cache, 1, table, lens)
+    got_q = pa.rope_store_kv(qkv, cos, sin, cache, 1, table, lens, h)
+    assert torch.equal(got_q, want_q) and torch.equal(cache, want_cache)
+    assert not torch.equal(cache[:, 1], _step(page_size, hkv, group, d, lengths, dtype,
+                                              seed=3)[0][:, 1].to(**to))  # it did write
+
+
+@kernels
+def test_rope_store_refuses_a_qkv_that_does_not_match_the_pool():
+    cache, table, lens, *_ = _step(16, 2, 2, 16, [5, 9], torch.float32)
+    to = {"device": DEVICE}
+    cache, table, lens = cache.to(**to), table.to(**to), lens.to(**to)
+    cos = torch.ones(2, 16, **to)
+    with pytest.raises(ValueError, match="qkv must be"):
+        pa.rope_store_kv(torch.zeros(2, 7 * 16, **to), cos, cos, cache, 0, table, lens, 4)
+    with pytest.raises(TypeError, match="int32"):
+        pa.rope_store_kv(torch.zeros(2, 8 * 16, **to), cos, cos, cache, 0, table.long(),
+                         lens, 4)
