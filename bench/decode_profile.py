@@ -2,7 +2,8 @@
 
 Loads a model spec in each weight format asked for (random weights drawn on the GPU),
 captures the decode graph of ``--batch``, times ``--steps`` steps (each ending in the
-host copy of its greedy tokens, as a serving loop's does), then profiles 10 steps with
+host copy of its greedy tokens, read from the graph's logits as the decode service reads
+them: no copy, libs/engine/sampling.greedy_tokens), then profiles 10 steps with
 torch's profiler and prints each kernel's time a step, largest first. Kernels inside a
 CUDA graph replay show up one by one.
 
@@ -21,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 from libs.engine.engine import DecodeSeq, Engine
 from libs.engine.kvpool import KvPool
 from libs.engine.loader import load_model
+from libs.engine.sampling import greedy_tokens
 
 PROFILED = 10
 
@@ -36,7 +38,7 @@ def profile_format(model: str, weights: str, batch: int, context: int, steps: in
     seqs = [DecodeSeq(pool.alloc(pages_each), context, 5) for _ in range(batch)]
 
     def step() -> None:
-        engine.decode_step(seqs).argmax(-1).tolist()
+        greedy_tokens(engine.decode_step(seqs, copy=False)).tolist()
         for s in seqs:
             s.pos += 1
 

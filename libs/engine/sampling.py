@@ -189,6 +189,16 @@ def _safe(temperature: torch.Tensor) -> torch.Tensor:
     return torch.where(temperature > 0, temperature, 1.0)
 
 
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)`` of [B, V]: on CUDA through libs/kernels/argmax.py (the same
+    indices; torch's reduces a row in one block, ~27 us for a 128k vocabulary)."""
+    if logits.is_cuda and logits.dim() == 2 and logits.stride(-1) == 1:
+        from libs.kernels.argmax import argmax  # Triton: only where the GPU runs
+
+        return argmax(logits)
+    return logits.argmax(-1)
+
+
 def sample_batch(logits: torch.Tensor, sampling: BatchSampling | None) -> torch.Tensor:
     """One token per row of ``logits`` [B, V]: ``[B]`` int64 on the logits' device.
 
@@ -196,7 +206,7 @@ def sample_batch(logits: torch.Tensor, sampling: BatchSampling | None) -> torch.
     ``argmax``. The rest draw by Gumbel-max over the tokens their filters keep, with
     uniforms from their own (seed, step) only.
     """
-    greedy = logits.argmax(-1)
+    greedy = greedy_tokens(logits)
     if sampling is None:
         return greedy
     gumbel = token_uniforms(sampling.key, logits.shape[-1]).log_().neg_().log_().neg_()

@@ -21,6 +21,7 @@ from libs.engine.engine import DecodeSeq, Engine
 from libs.engine.host_tokens import HostTokens
 from libs.engine.kvpool import KvPool
 from libs.engine.loader import load_model
+from libs.engine.sampling import greedy_tokens
 from libs.engine.weight_budget import linear_weights, nvfp4_bytes
 
 PAGE_SIZE = 16
@@ -113,7 +114,7 @@ def decode_overlapped(engine: Engine, pages: list[list[int]], first: list[int], 
     for i in range(steps):
         seqs = [DecodeSeq(p, start + i, first[j] if fed is None else -1 - j)
                 for j, p in enumerate(pages)]
-        fed = engine.decode_step(seqs, copy=False, fed=fed).argmax(-1)
+        fed = greedy_tokens(engine.decode_step(seqs, copy=False, fed=fed))
         launched = tokens.start(fed)
         if pending is not None:
             out.append(pending.wait())

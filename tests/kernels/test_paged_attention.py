@@ -171,6 +171,8 @@ def test_gpu_smoke_paged_attention():
 
 
 @kernels
+@pytest.mark.gpu
+@pytest.mark.gpu_smoke  # compiled on a GPU in the smoke tier
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "ps{}-kv{}-g{}-d{}-{}".format(*c))
 def test_rope_store_is_rope_then_store_bit_for_bit(case):
     """The fused decode-step kernel against fused_layer.rope_qk then store_kv: the same q,
