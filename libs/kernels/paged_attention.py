@@ -15,9 +15,12 @@ so a kernel that follows the table reads them in place, with no gathered copy. T
   without expanding KV: one program serves the G query heads of one KV head, so each key
   is read once. Split-K (flash-decoding): the keys of a sequence are cut into
   ``num_splits`` ranges worked on in parallel, each leaving a partial (max, sum, weighted
-  V), and a second kernel combines them, so one sequence at a long context still fills the
-  GPU. The ranges are a fraction of each sequence's own length, so every split has work at
-  any length; with one split the first kernel writes the output itself.
+  V), so one sequence at a long context still fills the GPU. The ranges are a fraction of
+  each sequence's own length, so every split has work at any length. The partials are
+  combined in the same launch: the last split of a (sequence, KV head) to finish, elected
+  by an atomic counter (split_counters.py), combines the group's heads, where a second
+  kernel would cost a graphed step ~1.3 us a layer; with one split the kernel writes the
+  output itself.
 
 Causal by construction: the query is the sequence's last position and attends to all of
 its keys. Softmax runs in fp32 (exp2, scores pre-scaled by log2 e); both products run on
@@ -38,6 +41,7 @@ import triton
 import triton.language as tl
 
 from .fused_layer import rope_head
+from .split_counters import tile_counters
 
 BLOCK_N = 64  # keys per inner step
 MAX_SPLITS = 64
@@ -102,11 +106,11 @@ def _attend_block(q, m_i, l_i, acc, base, table_row, start, hi, page_stride, kv_
 @triton.jit
 def _decode_kernel(
     q_ptr, cache_ptr, table_ptr, lengths_ptr, out_ptr, part_m_ptr, part_l_ptr, part_acc_ptr,
-    layer_offset, stride_qb, stride_qh, stride_tb, stride_lb, stride_ob, stride_oh,
+    cnt_ptr, layer_offset, stride_qb, stride_qh, stride_tb, stride_lb, stride_ob, stride_oh,
     page_stride, kv_stride, head_stride, num_splits, qk_scale,
     G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-    PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, DOT_F32: tl.constexpr,
-    INTERPRETED: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK: tl.constexpr, SPLIT: tl.constexpr, S_PAD: tl.constexpr,
+    DOT_F32: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -148,11 +152,24 @@ def _decode_kernel(
                                           D, PAGE, BLOCK, DOT_F32)
 
     if SPLIT:
+        # Publish this split's partials; the program that brings its (sequence, KV head)
+        # count to num_splits combines every split's, for the group's query heads. The
+        # barrier makes every thread's stores precede the (acq_rel, gpu-scope) atomic.
         part = (b * n_heads + heads) * num_splits + s  # [G_PAD]
         g_mask = g < G
         tl.store(part_m_ptr + part, m_i, mask=g_mask)
         tl.store(part_l_ptr + part, l_i, mask=g_mask)
         tl.store(part_acc_ptr + part[:, None] * D_PAD + d[None, :], acc, mask=q_mask)
+        tl.debug_barrier()
+        tile = b * tl.num_programs(1) + kvh
+        arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            for gi in tl.static_range(G):
+                _combine_head(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, b,
+                              kvh * G + gi, n_heads, num_splits, stride_ob, stride_oh,
+                              D, D_PAD, S_PAD)
+            # ready for the next launch (kernel order sequences it): relaxed, no fence
+            tl.atomic_xchg(cnt_ptr + tile, 0, sem="relaxed", scope="gpu")
     else:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # length 0: zeros
         tl.store(out_ptr + b * stride_ob + heads[:, None] * stride_oh + d[None, :],
@@ -160,24 +177,25 @@ def _decode_kernel(
 
 
 @triton.jit
-def _combine_kernel(
-    part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, stride_ob, stride_oh, num_splits,
-    D: tl.constexpr, D_PAD: tl.constexpr, S_PAD: tl.constexpr,
-):
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    row = b * tl.num_programs(1) + h
+def _combine_head(part_m_ptr, part_l_ptr, part_acc_ptr, out_ptr, b, h, n_heads, num_splits,
+                  stride_ob, stride_oh, D: tl.constexpr, D_PAD: tl.constexpr,
+                  S_PAD: tl.constexpr):
+    """Query head h of sequence b: its splits' partials combined into the output. The
+    partials were written by other programs, so they are read from L2 (.cg)."""
+    row = b * n_heads + h
     s = tl.arange(0, S_PAD)
     d = tl.arange(0, D_PAD)
     s_mask = s < num_splits
-    m = tl.load(part_m_ptr + row * num_splits + s, mask=s_mask, other=float("-inf"))
-    l_s = tl.load(part_l_ptr + row * num_splits + s, mask=s_mask, other=0.0)
+    m = tl.load(part_m_ptr + row * num_splits + s, mask=s_mask, other=float("-inf"),
+                cache_modifier=".cg")
+    l_s = tl.load(part_l_ptr + row * num_splits + s, mask=s_mask, other=0.0,
+                  cache_modifier=".cg")
     m_max = tl.max(m, 0)
     m_max = tl.where(m_max > float("-inf"), m_max, 0.0)  # every split empty: length 0
     w = tl.exp2(m - m_max)  # an empty split (m = -inf) weighs 0
     total = tl.sum(l_s * w, 0)
     acc = tl.load(part_acc_ptr + (row * num_splits + s)[:, None] * D_PAD + d[None, :],
-                  mask=s_mask[:, None], other=0.0)
+                  mask=s_mask[:, None], other=0.0, cache_modifier=".cg")
     out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + b * stride_ob + h * stride_oh + d, out.to(out_ptr.dtype.element_ty),
              mask=d < D)
@@ -319,7 +337,8 @@ def paged_decode_attention(q: torch.Tensor, cache: torch.Tensor, layer: int,
 
     ``splits`` is how many ranges each sequence's keys are cut into (`num_splits`); a
     CUDA graph fixes it at capture, so the caller chooses it. Allocates only the output
-    (when not given) and, with splits > 1, the fp32 partials."""
+    (when not given) and, with splits > 1, the fp32 partials (the counters are the
+    stream's, split_counters.py)."""
     batch, n_heads, d = q.shape
     _check_step(table, lengths, batch, cache.device)
     hkv = cache.shape[3]
@@ -341,20 +360,16 @@ def paged_decode_attention(q: torch.Tensor, cache: torch.Tensor, layer: int,
         part_l = torch.empty_like(part_m)
         part_acc = torch.empty(batch * n_heads * splits * d_pad, dtype=torch.float32,
                                device=q.device)
+        counters = tile_counters(q.device, batch * hkv)
     else:
-        part_m = part_l = part_acc = out  # unused
+        part_m = part_l = part_acc = counters = out  # unused
     _decode_kernel[(batch, hkv, splits)](
-        q, cache, table, lengths, out, part_m, part_l, part_acc,
+        q, cache, table, lengths, out, part_m, part_l, part_acc, counters,
         layer_offset, q.stride(0), q.stride(1), table.stride(0), lengths.stride(0),
         out.stride(0), out.stride(1),
         page_stride, kv_stride, head_stride, splits, d**-0.5 * LOG2E,
         G=group, G_PAD=_pow2(group, 16), D=d, D_PAD=d_pad, PAGE=cache.shape[4], BLOCK=BLOCK_N,
-        SPLIT=split, DOT_F32=q.dtype == torch.float32 or not q.is_cuda,
+        SPLIT=split, S_PAD=_pow2(splits), DOT_F32=q.dtype == torch.float32 or not q.is_cuda,
         INTERPRETED=not q.is_cuda, num_warps=4,
     )
-    if split:
-        _combine_kernel[(batch, n_heads)](
-            part_m, part_l, part_acc, out, out.stride(0), out.stride(1), splits,
-            D=d, D_PAD=d_pad, S_PAD=_pow2(splits), num_warps=4,
-        )
     return out

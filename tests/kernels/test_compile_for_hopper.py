@@ -1,5 +1,6 @@
 """The Triton kernels of every decode step, the fused layer kernels
-(libs/kernels/fused_layer.py) and paged attention (libs/kernels/paged_attention.py),
+(libs/kernels/fused_layer.py), paged attention (libs/kernels/paged_attention.py) and the
+greedy argmax (libs/kernels/argmax.py),
 compile for Hopper (sm_90) here, with no GPU: Triton's own compiler, down to a cubin
 through the ptxas its wheel carries.
 
@@ -76,8 +77,8 @@ def test_the_fused_layer_kernels_compile_for_hopper(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_paged_attention_kernels_compile_for_hopper(dtype):
-    """store_kv, the decode attention (one range of keys, or split with its partials) and
-    the combine of the splits, with the constexprs paged_decode_attention gives them."""
+    """store_kv, rope_store_kv and the decode attention (one range of keys, or split with
+    its partials combined by the last split), with the constexprs their wrappers give."""
     from libs.kernels import paged_attention as pa
 
     ptr, i32, i64 = f"*{dtype}", "i32", "i64"
@@ -97,17 +98,37 @@ def test_the_paged_attention_kernels_compile_for_hopper(dtype):
                 pa._decode_kernel,
                 dict(q_ptr=ptr, cache_ptr=ptr, table_ptr="*i32", lengths_ptr="*i32",
                      out_ptr=ptr, part_m_ptr=part, part_l_ptr=part, part_acc_ptr=part,
+                     cnt_ptr="*i32" if split else ptr,
                      layer_offset=i64, stride_qb=i64, stride_qh=i64, stride_tb=i64,
                      stride_lb=i64, stride_ob=i64, stride_oh=i64, page_stride=i64,
                      kv_stride=i64, head_stride=i64, num_splits=i32, qk_scale="fp32"),
                 {"G": group, "G_PAD": pa._pow2(group, 16), "D": head_dim, "D_PAD": d_pad,
                  "PAGE": PAGE, "BLOCK": pa.BLOCK_N, "SPLIT": split,
+                 "S_PAD": pa._pow2(pa.MAX_SPLITS) if split else 1,
                  "DOT_F32": dtype == "fp32", "INTERPRETED": False})
         compile_for_hopper(
-            pa._combine_kernel,
-            dict(part_m_ptr="*fp32", part_l_ptr="*fp32", part_acc_ptr="*fp32", out_ptr=ptr,
-                 stride_ob=i64, stride_oh=i64, num_splits=i32),
-            {"D": head_dim, "D_PAD": d_pad, "S_PAD": pa._pow2(pa.MAX_SPLITS)})
+            pa._rope_store_kernel,
+            dict(qkv_ptr=ptr, cos_ptr=ptr, sin_ptr=ptr, q_ptr=ptr, cache_ptr=ptr,
+                 table_ptr="*i32", lengths_ptr="*i32", layer_offset=i64, stride_row=i64,
+                 stride_cs=i64, stride_tb=i64, stride_lb=i64, page_stride=i64,
+                 kv_stride=i64, head_stride=i64),
+            {"H": heads, "HKV": kv_heads, "D": head_dim, "PAGE": PAGE}, num_warps=1)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_greedy_argmax_kernels_compile_for_hopper(dtype):
+    from libs.kernels import argmax as am
+
+    compile_for_hopper(
+        am._chunk_kernel,
+        dict(x_ptr=f"*{dtype}", best_ptr="*fp32", index_ptr="*i32", nan_ptr="*i32",
+             stride_row="i64", n="i32", chunk="i32", n_chunks="i32"),
+        {"BLOCK": am.BLOCK, "INTERPRETED": False})
+    compile_for_hopper(
+        am._pick_kernel,
+        dict(best_ptr="*fp32", index_ptr="*i32", nan_ptr="*i32", out_ptr="*i64",
+             n_chunks="i32"),
+        {"C_PAD": 1024}, num_warps=1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -18,6 +18,7 @@ from .nvfp4_helpers import CASES, check_linear_exact, cuda_module, cuda_weight, 
 
 pytestmark = pytest.mark.gpu
 linear = cuda_module("linear")
+from libs.kernels import split_counters  # noqa: E402
 from libs.kernels.nvfp4 import common, routing  # noqa: E402  (after the skip)
 
 BF16, FP16 = torch.bfloat16, torch.float16
@@ -110,7 +111,7 @@ def test_split_k_is_deterministic_and_leaves_its_counters_clean(case):
     outs = [nvfp4_linear(x, packed, scales, s2) for _ in range(3)]
     assert all(torch.equal(outs[0], o) for o in outs[1:])
     torch.cuda.synchronize()
-    assert all(not buf.any() for buf in common._counters.values())
+    assert all(not buf.any() for buf in split_counters._counters.values())
 
 
 @pytest.mark.parametrize("case", [

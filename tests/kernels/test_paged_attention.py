@@ -104,6 +104,11 @@ def test_splits_agree_and_padding_writes_nothing():
     for splits in (2, 5):
         many = _run_kernels(cache, table, lens, q, k, v, layer=0, splits=splits)[1]
         torch.testing.assert_close(many, one, atol=1e-5, rtol=1e-5)
+    # the last split of each (sequence, KV head) combined and left its counter at zero
+    from libs.kernels import split_counters
+
+    assert split_counters._counters and not any(
+        buf.any() for buf in split_counters._counters.values())
 
 
 @kernels

@@ -31,24 +31,6 @@ DECODE = {torch.bfloat16: (117, 9), torch.float16: (7, 7)}
 DECODE_BITS_BF16 = dict(sh=2, mask="0x81C081C0", ty="bf16")
 DECODE_BITS_F16 = dict(sh=5, mask="0x8E008E00", ty="f16")
 
-_counters: dict[tuple, torch.Tensor] = {}
-
-
-def tile_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 counters for split-K, one buffer per (device, stream).
-
-    Every launch leaves the counters it used at zero again, so the buffer is reused without
-    a memset. It is keyed by stream because two launches running at once must not share
-    counters."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    buf = _counters.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _counters[key] = buf
-    return buf
-
-
 _workspaces: dict[tuple, torch.Tensor] = {}
 
 

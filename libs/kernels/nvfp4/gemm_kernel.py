@@ -52,7 +52,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .common import DECODE, split_workspace, tile_counters
+from ..split_counters import tile_counters
+from .common import DECODE, split_workspace
 from .gemm_configs import first_slots_early, fits, head_config, needs_pad, shifts
 from .gemm_fragment import acc_layout, decode_fragment, quads, read_step
 from .grid import cdiv

@@ -52,7 +52,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
-from .common import DECODE, split_workspace, tile_counters
+from ..split_counters import tile_counters
+from .common import DECODE, split_workspace
 from .gemv_configs import fits
 from .gluon_common import (
     L2_PREFETCH,

@@ -33,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import DECODE, DECODE_BITS_BF16, DECODE_BITS_F16, split_workspace, tile_counters
+from ..split_counters import tile_counters
+from .common import DECODE, DECODE_BITS_BF16, DECODE_BITS_F16, split_workspace
 from .format import BLOCK
 from .grid import cdiv
 from .launch_cache import Launch, LaunchCache
