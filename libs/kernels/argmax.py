@@ -14,11 +14,11 @@ takes the first chunk with a NaN, else the largest maximum of the lowest chunk.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
+
+from .nvfp4.common import sm_count
 
 BLOCK = 2048  # logits a program reads per loop step
 
@@ -81,13 +81,6 @@ def _pick_kernel(best_ptr, index_ptr, nan_ptr, out_ptr, n_chunks, C_PAD: tl.cons
     tl.store(out_ptr + row, at.to(tl.int64))
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132  # the interpreter: any plausible GPU
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def chunks_for(rows: int, n: int, sms: int) -> int:
     """Chunks a row is cut into: about two programs an SM over the batch, each chunk at
     least one BLOCK (and at most 1024 chunks, the pick's one tile)."""
@@ -104,7 +97,7 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     rows, n = x.shape
     if rows == 0 or n == 0 or n >= 2**31 - 1:
         raise ValueError(f"argmax needs 1 <= V < 2^31 and a row, got {tuple(x.shape)}")
-    n_chunks = chunks_for(rows, n, _sm_count(x.device))
+    n_chunks = chunks_for(rows, n, sm_count(x.device))
     chunk = -(-n // n_chunks)
     chunk = -(-chunk // BLOCK) * BLOCK
     n_chunks = -(-n // chunk)  # rounding the chunk up may leave fewer

@@ -34,13 +34,12 @@ libs/engine/attention.py (gather the pages, grouped matmuls in the model's dtype
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from .fused_layer import rope_head
+from .nvfp4.common import sm_count
 from .split_counters import tile_counters
 
 BLOCK_N = 64  # keys per inner step
@@ -314,17 +313,10 @@ def rope_store_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     return q
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132  # the interpreter: any plausible GPU
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def num_splits(batch: int, n_kv_heads: int, max_len: int, device: torch.device) -> int:
     """Splits per sequence so that batch * n_kv_heads * splits programs fill the GPU about
     twice over, and no split is shorter than two key blocks at ``max_len`` keys."""
-    want = -(-2 * _sm_count(device) // (batch * n_kv_heads))
+    want = -(-2 * sm_count(device) // (batch * n_kv_heads))
     most = max(1, -(-max_len // (2 * BLOCK_N)))
     return max(1, min(want, most, MAX_SPLITS))
 

@@ -102,9 +102,7 @@ def markdown(r: dict) -> str:
 
 
 def _method(sizes: dict) -> str:
-    """How each kind of row was taken (older JSON lacks the counts: a shorter line)."""
-    if "ttft_reps" not in sizes:
-        return "Mesh rows: the best of --reps runs."
+    """How each kind of row was taken."""
     return (f"Mesh decode rows: the best of {sizes['reps']} runs; TTFT rows: the lowest of "
             f"{sizes['ttft_reps']} requests, one at a time; engine rows: the fastest of "
             f"{sizes['sweep_rounds']} runs of {sizes['sweep_steps']} overlapped steps at a "

@@ -114,7 +114,7 @@ def test_splits_agree_and_padding_writes_nothing():
 @kernels
 def test_num_splits_fills_the_gpu_without_tiny_splits():
     dev = torch.device(DEVICE)
-    sms = pa._sm_count(dev)
+    sms = pa.sm_count(dev)
     for batch in (1, 2, 7, 64, 128, 256):
         for max_len in (1, 100, 512, 8192):
             s = pa.num_splits(batch, 3, max_len, dev)

@@ -37,7 +37,8 @@ _workspaces: dict[tuple, torch.Tensor] = {}
 def split_workspace(device: torch.device, numel: int, shared: bool) -> torch.Tensor:
     """fp32 room for split-K partials: a fresh tensor, or (shared: for bound launches,
     which keep theirs across calls) one buffer per (device, stream), grown as needed. As
-    with the counters, launches on one stream run one after another, so they can share
+    with the split counters (libs/kernels/split_counters.py), launches on one stream run
+    one after another, so they can share
     it; a buffer kept a workspace per bound launch instead would hold up to a few MB a
     weight and token count."""
     if not shared:
